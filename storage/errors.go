@@ -1,0 +1,43 @@
+package storage
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Error codes. One HTTP mapping (in the HTTP package) turns them into
+// statuses; everything else is an internal error.
+const (
+	EInvalid  = "invalid"   // the input is wrong; the message names the field
+	EConflict = "conflict"  // the input collides with a stored row; the message names it
+	ENotFound = "not_found" // the thing asked about does not exist (any more)
+)
+
+// Error is stepcollect's domain error: a code for programs and a one-line
+// message for people, naming the field or row at fault.
+type Error struct {
+	Code    string
+	Message string
+}
+
+func (e *Error) Error() string { return e.Message }
+
+// Errorf returns an *Error with code and a formatted message.
+func Errorf(code, format string, args ...any) *Error {
+	return &Error{Code: code, Message: fmt.Sprintf(format, args...)}
+}
+
+// ErrorCode returns the code of the first *Error in err's chain, or "" when
+// there is none.
+func ErrorCode(err error) string {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Code
+	}
+	return ""
+}
+
+// ErrUnknownCommand is returned (wrapped) for a command result whose
+// enrollment holds no such command: it was never sent by a workflow, or its
+// step already completed, timed out or was cancelled.
+var ErrUnknownCommand = &Error{Code: ENotFound, Message: "no step holds this command for this enrollment"}

@@ -1,0 +1,205 @@
+package mysql
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	nanostorage "github.com/micromdm/nanocmd/engine/storage"
+
+	"github.com/stepcollect/stepcollect/storage"
+)
+
+// idCommandRow is one id_commands row of the reporting enrollment.
+type idCommandRow struct {
+	commandUUID string
+	stepID      int64
+	requestType string
+	completed   bool
+	result      []byte
+}
+
+// StoreCommandResponseAndRetrieveCompletedStep commits one command result
+// for enrollment id and, when it was that enrollment's last outstanding
+// command of its step, returns the completed step (and the enrollment's rows
+// for it are gone). A NotNow result (sc.Completed false) is recorded as not
+// completed and never completes a step.
+//
+// The transaction locks only id's rows for the step. Collecting the step
+// happens after the commit (see collect.go); its failure is logged, never
+// returned, because the caller would otherwise drop a completed step that is
+// already committed. A command id does not hold returns an error wrapping
+// storage.ErrUnknownCommand.
+func (s *Storage) StoreCommandResponseAndRetrieveCompletedStep(ctx context.Context, id string, sc *nanostorage.StepCommandResult) (*nanostorage.StepResult, error) {
+	switch {
+	case id == "":
+		return nil, storage.Errorf(storage.EInvalid, "enrollment id: empty")
+	case sc == nil:
+		return nil, storage.Errorf(storage.EInvalid, "command result: missing")
+	case sc.CommandUUID == "":
+		return nil, storage.Errorf(storage.EInvalid, "command_uuid: empty (enrollment %s)", id)
+	}
+	if !sc.Completed {
+		return nil, s.storeNotNow(ctx, id, sc.CommandUUID)
+	}
+
+	var (
+		ret    *nanostorage.StepResult
+		prev   *nanostorage.StepResult // what a try whose COMMIT answer was lost computed
+		stepID int64
+	)
+	start := time.Now()
+	err := s.inTx(ctx, "store command result", func(ctx context.Context, tx *sql.Tx, a *attempt) error {
+		ret = nil
+		rows, err := lockEnrollmentStepRows(ctx, tx, id, sc.CommandUUID)
+		if err != nil {
+			return err
+		}
+		if len(rows) == 0 {
+			if a.ambiguousCommit && prev != nil {
+				// Our rows are gone and an earlier try committed, or may
+				// have, the deletion of exactly these rows: it did.
+				ret = prev
+				return nil
+			}
+			return storage.ErrUnknownCommand
+		}
+		stepID = rows[0].stepID
+
+		outstanding := 0
+		var own *idCommandRow
+		for i := range rows {
+			if rows[i].commandUUID == sc.CommandUUID {
+				own = &rows[i]
+			} else if !rows[i].completed {
+				outstanding++
+			}
+		}
+		if outstanding > 0 {
+			// Kept for whichever of this enrollment's commands comes last.
+			// Idempotent, so a retry after a lost COMMIT answer is harmless.
+			_, err = tx.ExecContext(ctx, qRecordResult, true, sc.ResultReport, id, sc.CommandUUID)
+			if err != nil {
+				return fmt.Errorf("recording result: %w", err)
+			}
+			return nil
+		}
+
+		// The last one: read the step while our rows still pin it (nobody
+		// collects a step that is referenced), then release them.
+		var step nanostorage.StepContext
+		var stepName sql.NullString
+		err = tx.QueryRowContext(ctx, qGetStep, stepID).Scan(&step.WorkflowName, &step.InstanceID, &stepName, &step.Context)
+		if err != nil {
+			return fmt.Errorf("reading step %d: %w", stepID, err)
+		}
+		step.Name = stepName.String
+
+		this := *sc
+		if this.RequestType == "" {
+			this.RequestType = own.requestType
+		}
+		ret = &nanostorage.StepResult{StepContext: step, IDs: []string{id}, Commands: []nanostorage.StepCommandResult{this}}
+		for _, r := range rows {
+			if r.commandUUID == sc.CommandUUID {
+				continue
+			}
+			ret.Commands = append(ret.Commands, nanostorage.StepCommandResult{
+				CommandUUID:  r.commandUUID,
+				RequestType:  r.requestType,
+				ResultReport: r.result,
+				Completed:    true,
+			})
+		}
+
+		if _, err = tx.ExecContext(ctx, qDeleteEnrollmentStepRows, id, stepID); err != nil {
+			return fmt.Errorf("releasing step %d: %w", stepID, err)
+		}
+		prev = ret
+		return nil
+	})
+	s.observer.ResultCommitted(time.Since(start), ret != nil, err)
+	if err != nil {
+		if errors.Is(err, storage.ErrUnknownCommand) {
+			return nil, fmt.Errorf("storing result (enrollment %s, command %s): %w", id, sc.CommandUUID, err)
+		}
+		return nil, fmt.Errorf("storing result (enrollment %s, command %s, step %d): %w", id, sc.CommandUUID, stepID, err)
+	}
+	if ret == nil {
+		return nil, nil
+	}
+	s.afterRelease(ctx, []int64{stepID})
+	return ret, nil
+}
+
+func lockEnrollmentStepRows(ctx context.Context, tx *sql.Tx, id, commandUUID string) ([]idCommandRow, error) {
+	rs, err := tx.QueryContext(ctx, qLockEnrollmentStepRows, id, id, commandUUID)
+	if err != nil {
+		return nil, fmt.Errorf("locking enrollment rows: %w", err)
+	}
+	defer rs.Close()
+	var rows []idCommandRow
+	for rs.Next() {
+		var r idCommandRow
+		if err := rs.Scan(&r.commandUUID, &r.stepID, &r.requestType, &r.completed, &r.result); err != nil {
+			return nil, fmt.Errorf("locking enrollment rows: %w", err)
+		}
+		rows = append(rows, r)
+	}
+	if err := rs.Err(); err != nil {
+		return nil, fmt.Errorf("locking enrollment rows: %w", err)
+	}
+	return rows, nil
+}
+
+// storeNotNow records that the device answered NotNow: the command stays
+// outstanding. One short transaction on one row of id's own.
+func (s *Storage) storeNotNow(ctx context.Context, id, commandUUID string) error {
+	var found bool
+	err := s.inTx(ctx, "store NotNow", func(ctx context.Context, tx *sql.Tx, _ *attempt) error {
+		res, err := tx.ExecContext(ctx, qTouchNotNow, id, commandUUID)
+		if err != nil {
+			return err
+		}
+		n, err := res.RowsAffected()
+		if err != nil {
+			return err
+		}
+		found = n > 0
+		if !found {
+			// updated_at may already hold this second; only then ask.
+			var rt string
+			err = tx.QueryRowContext(ctx, qGetRequestType, id, commandUUID).Scan(&rt)
+			found = err == nil
+			if errors.Is(err, sql.ErrNoRows) {
+				err = nil
+			}
+		}
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("storing NotNow (enrollment %s, command %s): %w", id, commandUUID, err)
+	}
+	if !found {
+		return fmt.Errorf("storing NotNow (enrollment %s, command %s): %w", id, commandUUID, storage.ErrUnknownCommand)
+	}
+	return nil
+}
+
+// RetrieveCommandRequestType returns the request type of id's command uuid,
+// and whether id holds such a command at all (whether a workflow sent it).
+func (s *Storage) RetrieveCommandRequestType(ctx context.Context, id string, uuid string) (string, bool, error) {
+	if id == "" || uuid == "" {
+		return "", false, storage.Errorf(storage.EInvalid, "request type lookup: empty enrollment id or command uuid")
+	}
+	var rt string
+	err := s.db.QueryRowContext(ctx, qGetRequestType, id, uuid).Scan(&rt)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", false, nil
+	} else if err != nil {
+		return "", false, fmt.Errorf("request type (enrollment %s, command %s): %w", id, uuid, err)
+	}
+	return rt, true, nil
+}

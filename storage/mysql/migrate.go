@@ -1,0 +1,108 @@
+package mysql
+
+import (
+	"context"
+	"database/sql"
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+	"time"
+
+	"github.com/pressly/goose/v3"
+	"github.com/pressly/goose/v3/lock"
+)
+
+//go:embed migrations/*.sql
+var migrationFiles embed.FS
+
+// MigrationsTable is where goose records which migrations ran. It is
+// stepcollect's own, so a NanoCMD database gains one table and nothing else
+// changes.
+const MigrationsTable = "stepcollect_schema_migrations"
+
+// migrateLockName prefixes the GET_LOCK name (the database name follows)
+// that serialises Migrate across processes: replicas starting together all
+// call Migrate, one applies, the others wait and then find nothing to do.
+const migrateLockName = "stepcollect.migrate."
+
+// Migrate applies the embedded schema migrations to db. Migration 1 is
+// NanoCMD v0.7.1's schema with IF NOT EXISTS, so a database NanoCMD made is
+// adopted unchanged; later migrations only add. Idempotent, and safe to call
+// from many processes at once.
+func Migrate(ctx context.Context, db *sql.DB) error {
+	p, err := newMigrationProvider(db)
+	if err != nil {
+		return err
+	}
+	if _, err := p.Up(ctx); err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
+	return nil
+}
+
+// SchemaVersion returns the database's applied migration version and the
+// newest one this build embeds.
+func SchemaVersion(ctx context.Context, db *sql.DB) (current, latest int64, err error) {
+	p, err := newMigrationProvider(db)
+	if err != nil {
+		return 0, 0, err
+	}
+	current, latest, err = p.GetVersions(ctx)
+	if err != nil {
+		return 0, 0, fmt.Errorf("schema version: %w", err)
+	}
+	return current, latest, nil
+}
+
+func newMigrationProvider(db *sql.DB) (*goose.Provider, error) {
+	fsys, err := fs.Sub(migrationFiles, "migrations")
+	if err != nil {
+		return nil, fmt.Errorf("migrate: %w", err)
+	}
+	p, err := goose.NewProvider(goose.DialectMySQL, db, fsys,
+		goose.WithTableName(MigrationsTable),
+		goose.WithSessionLocker(getLock{name: migrateLockName}),
+		goose.WithDisableGlobalRegistry(true),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("migrate: %w", err)
+	}
+	return p, nil
+}
+
+// getLock is a goose SessionLocker on MySQL's GET_LOCK, which goose only
+// provides for Postgres. The lock lives with the connection goose migrates
+// on, so a process that dies mid-migration releases it.
+type getLock struct{ name string }
+
+var _ lock.SessionLocker = getLock{}
+
+func (l getLock) SessionLock(ctx context.Context, conn *sql.Conn) error {
+	for {
+		var got sql.NullInt64
+		// a bounded wait per call, so ctx is honoured between calls
+		if err := conn.QueryRowContext(ctx, "SELECT GET_LOCK(LEFT(CONCAT(?, DATABASE()), 64), 5)", l.name).Scan(&got); err != nil {
+			return fmt.Errorf("migration lock %q: %w", l.name, err)
+		}
+		if got.Valid && got.Int64 == 1 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("migration lock %q: %w", l.name, ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+func (l getLock) SessionUnlock(ctx context.Context, conn *sql.Conn) error {
+	var released sql.NullInt64
+	if err := conn.QueryRowContext(ctx, "SELECT RELEASE_LOCK(LEFT(CONCAT(?, DATABASE()), 64))", l.name).Scan(&released); err != nil {
+		return fmt.Errorf("migration unlock %q: %w", l.name, err)
+	}
+	if !released.Valid || released.Int64 != 1 {
+		return errors.New("migration unlock: lock " + l.name + " was not held")
+	}
+	return nil
+}

@@ -1,0 +1,166 @@
+// Package mysql is stepcollect's MySQL/MariaDB storage: a NanoCMD
+// storage.AllStorage whose result path locks only the reporting enrollment's
+// rows.
+//
+// The design, in short (the long form is in the README):
+//
+//   - A command result is committed in one short transaction that locks only
+//     the rows the reporting enrollment holds for that step (through the
+//     PRIMARY key) and decides there, from those rows, whether the step is
+//     complete for that enrollment.
+//   - Whether the step itself can go is a question about other enrollments'
+//     rows, so it is asked after the commit, outside any transaction (under
+//     REPEATABLE READ a transaction's snapshot would predate its peers'
+//     deletes and nobody would ever see the step unreferenced), and answered
+//     by a FOR UPDATE SKIP LOCKED claim and point deletes, or handed to a
+//     Collector (the asynq worker) to do later.
+//   - That is safe because "unreferenced" is terminal: id_commands rows are
+//     inserted only in the transaction that creates their own new step.
+//   - Deadlocks (1213), lock wait timeouts (1205) and connections that break
+//     before COMMIT roll back and retry the whole transaction, bounded and
+//     jittered; a COMMIT whose outcome is unknown is retried in a way that
+//     is harmless if it did commit.
+package mysql
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	"github.com/rs/zerolog"
+
+	"github.com/stepcollect/stepcollect/storage"
+)
+
+// Storage implements NanoCMD's storage.AllStorage on MySQL 8.0.19+ and
+// MariaDB 10.6+.
+type Storage struct {
+	db        *sql.DB
+	ownDB     bool
+	logger    zerolog.Logger
+	collector storage.Collector
+	observer  storage.Observer
+	txOpts    *sql.TxOptions
+
+	maxAttempts int
+	backoffBase time.Duration
+	backoffMax  time.Duration
+}
+
+var _ storage.AllStorage = (*Storage)(nil)
+
+type config struct {
+	db          *sql.DB
+	dsn         string
+	logger      zerolog.Logger
+	collector   storage.Collector
+	observer    storage.Observer
+	isolation   sql.IsolationLevel
+	maxAttempts int
+}
+
+// Option configures a Storage.
+type Option func(*config)
+
+// WithDB uses db. The caller keeps ownership: Close does not close it.
+func WithDB(db *sql.DB) Option { return func(c *config) { c.db = db } }
+
+// WithDSN opens a pool from a go-sql-driver DSN. Unless the DSN says
+// otherwise, parameters are interpolated client-side (interpolateParams=true):
+// it halves the round trips of every statement, and the driver refuses it for
+// the few character sets where it would be unsafe.
+func WithDSN(dsn string) Option { return func(c *config) { c.dsn = dsn } }
+
+// WithLogger sets the logger. The storage logs only what it deliberately
+// does not return (collection failures) and its retries, at debug level.
+func WithLogger(l zerolog.Logger) Option { return func(c *config) { c.logger = l } }
+
+// WithCollector hands unreferenced steps to col after each commit instead of
+// collecting them inline.
+func WithCollector(col storage.Collector) Option { return func(c *config) { c.collector = col } }
+
+// WithObserver reports retries, commit latency and collections to o.
+func WithObserver(o storage.Observer) Option { return func(c *config) { c.observer = o } }
+
+// WithIsolation sets the isolation level of every transaction the storage
+// runs (sql.LevelReadCommitted, say). The default is the server's. Set per
+// transaction, so it works whatever the DSN and on both MySQL and MariaDB,
+// whose session variable names differ.
+func WithIsolation(l sql.IsolationLevel) Option { return func(c *config) { c.isolation = l } }
+
+// WithMaxAttempts bounds how many times one transaction is tried when it hits
+// a deadlock, a lock wait timeout or a broken connection. Default 10.
+func WithMaxAttempts(n int) Option { return func(c *config) { c.maxAttempts = n } }
+
+// New returns a Storage. One of WithDB or WithDSN is required. It does not
+// migrate; call Migrate first (the binaries do, with -migrate).
+func New(opts ...Option) (*Storage, error) {
+	cfg := &config{logger: zerolog.Nop(), observer: storage.NopObserver{}, maxAttempts: 10}
+	for _, opt := range opts {
+		opt(cfg)
+	}
+	s := &Storage{
+		db:          cfg.db,
+		logger:      cfg.logger,
+		collector:   cfg.collector,
+		observer:    cfg.observer,
+		maxAttempts: max(cfg.maxAttempts, 1),
+		backoffBase: 5 * time.Millisecond,
+		backoffMax:  500 * time.Millisecond,
+	}
+	if cfg.isolation != sql.LevelDefault {
+		s.txOpts = &sql.TxOptions{Isolation: cfg.isolation}
+	}
+	if s.db == nil {
+		if cfg.dsn == "" {
+			return nil, errors.New("mysql storage: no database: use WithDB or WithDSN")
+		}
+		db, err := OpenDB(cfg.dsn)
+		if err != nil {
+			return nil, err
+		}
+		s.db, s.ownDB = db, true
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := s.db.PingContext(ctx); err != nil {
+		if s.ownDB {
+			s.db.Close()
+		}
+		return nil, fmt.Errorf("mysql storage: ping: %w", err)
+	}
+	return s, nil
+}
+
+// OpenDB opens a pool for dsn as WithDSN does: parseTime on, and
+// interpolateParams on unless the DSN sets it.
+func OpenDB(dsn string) (*sql.DB, error) {
+	mc, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("mysql dsn: %w", err)
+	}
+	mc.ParseTime = true
+	if !strings.Contains(dsn, "interpolateParams=") {
+		mc.InterpolateParams = true
+	}
+	conn, err := mysql.NewConnector(mc)
+	if err != nil {
+		return nil, fmt.Errorf("mysql dsn: %w", err)
+	}
+	return sql.OpenDB(conn), nil
+}
+
+// DB returns the pool the storage uses.
+func (s *Storage) DB() *sql.DB { return s.db }
+
+// Close closes the pool if the storage opened it (WithDSN).
+func (s *Storage) Close() error {
+	if s.ownDB {
+		return s.db.Close()
+	}
+	return nil
+}

@@ -1,0 +1,31 @@
+package mysql_test
+
+import (
+	"testing"
+
+	nanostorage "github.com/micromdm/nanocmd/engine/storage"
+	nanotest "github.com/micromdm/nanocmd/engine/storage/test"
+)
+
+// NanoCMD's own behavioural suite, on a database this package migrated.
+func TestNanoCMDSuiteOnFreshDatabase(t *testing.T) {
+	b := setup(t, nil)
+	nanotest.TestEngineStorage(t, func() nanostorage.AllStorage { return b.store })
+}
+
+// The same suite on a database NanoCMD v0.7.1 made with its schema.sql,
+// then migrated by us: adopting an existing NanoCMD database must work.
+func TestNanoCMDSuiteOnNanoCMDMadeDatabase(t *testing.T) {
+	b := setup(t, &setupOpts{noMigrate: true})
+	loadNanoCMDSchema(t, b.db.DB)
+	b = setup(t, &setupOpts{db: b.db})
+	nanotest.TestEngineStorage(t, func() nanostorage.AllStorage { return b.store })
+}
+
+// The suite's two smaller entry points, also on their own, as NanoCMD's
+// backends each run them.
+func TestNanoCMDEventAndStatusSuites(t *testing.T) {
+	b := setup(t, nil)
+	nanotest.TestEventStorage(t, b.store)
+	nanotest.TestEventStatusStorage(t, t.Context(), b.store)
+}

@@ -1,0 +1,195 @@
+package mysql
+
+// Every SQL statement of this backend, in one place. Rules they follow (see
+// the package doc for why):
+//
+//   - No DELETE or UPDATE joins another table: single-table statements by key.
+//   - A locking read on id_commands goes through the PRIMARY key
+//     (enrollment_id, command_uuid), so it locks only the reporting
+//     enrollment's rows and every transaction locks them in the same order.
+//     Left to itself the optimizer may drive from the step_id index, which
+//     every enrollment of a fan-out shares.
+//   - Portable to MySQL 8.0.19+ and MariaDB 10.6+: no `INSERT … AS new`, no
+//     `FOR UPDATE OF`, no VALUES ROW(), no RETURNING.
+//
+// A list parameter is written "IN (?)" (or "IN ((?, ?))" for pairs) and
+// expanded by expand; callers chunk their lists to maxInList.
+
+const (
+	// Which step does this enrollment's command belong to. Non-locking; the
+	// engine's "was this sent by a workflow" question.
+	qGetRequestType = `
+SELECT request_type FROM id_commands
+WHERE enrollment_id = ? AND command_uuid = ?`
+
+	// The completion transaction's only read: every row this enrollment
+	// holds for the step that command_uuid belongs to, locked. It is all
+	// the completion decision needs, and nothing another enrollment owns is
+	// touched. An unknown command yields no rows.
+	qLockEnrollmentStepRows = `
+SELECT command_uuid, step_id, request_type, completed, result
+FROM id_commands FORCE INDEX (PRIMARY)
+WHERE enrollment_id = ? AND step_id = (
+  SELECT step_id FROM id_commands
+  WHERE enrollment_id = ? AND command_uuid = ?)
+FOR UPDATE`
+
+	qRecordResult = `
+UPDATE id_commands SET completed = ?, result = ?
+WHERE enrollment_id = ? AND command_uuid = ?`
+
+	qTouchNotNow = `
+UPDATE id_commands SET updated_at = CURRENT_TIMESTAMP
+WHERE enrollment_id = ? AND command_uuid = ?`
+
+	qDeleteEnrollmentStepRows = `
+DELETE FROM id_commands WHERE enrollment_id = ? AND step_id = ?`
+
+	// Step rows never change after StoreStep (but for not_until), so this
+	// non-locking read may be cached by id.
+	qGetStep = `
+SELECT workflow_name, instance_id, step_name, context FROM steps WHERE id = ?`
+
+	qCreateStep = `
+INSERT INTO steps (workflow_name, instance_id, step_name, context, not_until, timeout)
+VALUES (?, ?, ?, ?, ?, ?)`
+
+	qCreateStepCommands = `
+INSERT INTO step_commands (step_id, command_uuid, request_type, command) VALUES `
+	qCreateStepCommandsRow = `(?, ?, ?, ?)`
+
+	// The only INSERT INTO id_commands, and it only ever runs in the
+	// transaction that created the steps row it points at: an existing step
+	// can never gain a reference, which is what makes "unreferenced"
+	// terminal and lets collection check without a lock.
+	qCreateIDCommands = `
+INSERT INTO id_commands (enrollment_id, command_uuid, step_id, request_type, last_push) VALUES `
+	qCreateIDCommandsRow = `(?, ?, ?, ?, ?)`
+
+	// After a duplicate-key error on StoreStep: which enrollment already
+	// holds which of the UUIDs, to name it in the error.
+	qFindConflict = `
+SELECT enrollment_id, command_uuid FROM id_commands
+WHERE command_uuid IN (?) AND enrollment_id IN (?)
+ORDER BY enrollment_id, command_uuid LIMIT 1`
+
+	// CancelSteps: lock all of this enrollment's rows (its own, in PRIMARY
+	// order, as completion does) and note which steps they belong to.
+	qLockEnrollmentRows = `
+SELECT DISTINCT step_id FROM id_commands FORCE INDEX (PRIMARY)
+WHERE enrollment_id = ? FOR UPDATE`
+
+	// Non-locking: which of these steps belong to workflow_name.
+	qFilterStepsByWorkflow = `
+SELECT id FROM steps WHERE id IN (?) AND workflow_name = ?`
+
+	qDeleteEnrollmentStepsRows = `
+DELETE FROM id_commands WHERE enrollment_id = ? AND step_id IN (?)`
+
+	qOutstandingIDs = `
+SELECT DISTINCT c.enrollment_id
+FROM id_commands c JOIN steps s ON s.id = c.step_id
+WHERE c.enrollment_id IN (?) AND c.completed = 0 AND s.workflow_name = ?`
+
+	// Collection, phase one: outside any transaction (see collect.go). Which
+	// of these steps still exist, and whether anything refers to them.
+	qCheckSteps = `
+SELECT s.id, EXISTS (SELECT 1 FROM id_commands c WHERE c.step_id = s.id)
+FROM steps s WHERE s.id IN (?)`
+
+	// Collection, phase two: claim. Rows someone else holds are skipped, so
+	// no collector ever waits on another or on the timeout sweep.
+	qClaimSteps = `
+SELECT id FROM steps WHERE id IN (?) ORDER BY id FOR UPDATE SKIP LOCKED`
+
+	// Raw commands go with their step, and first: they hold a foreign key
+	// to it.
+	qDeleteStepCommands = `DELETE FROM step_commands WHERE step_id IN (?)`
+	qDeleteSteps        = `DELETE FROM steps WHERE id IN (?)`
+
+	// Worker: steps whose NotUntil passed, claimed so that any number of
+	// workers can run this at once.
+	qClaimDueSteps = `
+SELECT id, workflow_name, instance_id, step_name
+FROM steps WHERE not_until < ?
+ORDER BY not_until, id LIMIT ? FOR UPDATE SKIP LOCKED`
+
+	qGetStepCommands = `
+SELECT step_id, command_uuid, request_type, command
+FROM step_commands WHERE step_id IN (?) ORDER BY step_id, command_uuid`
+
+	qGetStepEnrollments = `
+SELECT DISTINCT step_id, enrollment_id FROM id_commands
+WHERE step_id IN (?) ORDER BY step_id, enrollment_id`
+
+	qMarkStepsPushed = `
+UPDATE id_commands SET last_push = ? WHERE step_id IN (?)`
+
+	// A sent NotUntil step is an ordinary step from now on: clearing
+	// not_until keeps it from being sent again, and leaves timeout (and the
+	// timeout sweep) alone. NanoCMD's process_id marker blocked the timeout
+	// of such a step forever.
+	qClearNotUntil = `
+UPDATE steps SET not_until = NULL WHERE id IN (?)`
+
+	// Worker: steps whose timeout passed, claimed as above.
+	qClaimTimedOutSteps = `
+SELECT id, workflow_name, instance_id, step_name, context
+FROM steps WHERE timeout <= ?
+ORDER BY timeout, id LIMIT ? FOR UPDATE SKIP LOCKED`
+
+	// Non-locking: whose rows those steps still have. The locking read that
+	// follows goes through PRIMARY, in the order completion locks.
+	qGetStepEnrollmentIDs = `
+SELECT DISTINCT enrollment_id FROM id_commands WHERE step_id = ? ORDER BY enrollment_id`
+
+	qLockTimedOutRows = `
+SELECT enrollment_id, command_uuid, request_type, completed, result
+FROM id_commands FORCE INDEX (PRIMARY)
+WHERE enrollment_id IN (?) AND step_id = ?
+ORDER BY enrollment_id, command_uuid
+FOR UPDATE`
+
+	qDeleteTimedOutRows = `
+DELETE FROM id_commands WHERE enrollment_id IN (?) AND step_id = ?`
+
+	// Worker: APNs re-push. Claimed with SKIP LOCKED so two workers never
+	// push the same enrollment twice for one interval.
+	qClaimRePush = `
+SELECT enrollment_id, command_uuid FROM id_commands
+WHERE last_push IS NOT NULL AND last_push < ?
+ORDER BY last_push LIMIT ? FOR UPDATE SKIP LOCKED`
+
+	qMarkRePushed = `
+UPDATE id_commands SET last_push = ? WHERE (enrollment_id, command_uuid) IN ((?, ?))`
+
+	qGetWorkflowStarted = `
+SELECT last_created_unix FROM wf_status WHERE enrollment_id = ? AND workflow_name = ?`
+
+	// Upsert through a derived table: portable to MySQL 8 and MariaDB,
+	// where `INSERT … AS new` is MySQL-only and VALUES() is deprecated.
+	qRecordWorkflowStarted = `
+INSERT INTO wf_status (enrollment_id, workflow_name, last_created_unix)
+SELECT * FROM (%s) AS v
+ON DUPLICATE KEY UPDATE last_created_unix = v.u`
+	qRecordWorkflowStartedFirst = `SELECT ? AS e, ? AS w, ? AS u`
+	qRecordWorkflowStartedNext  = ` UNION ALL SELECT ?, ?, ?`
+
+	qClearWorkflowStatus = `DELETE FROM wf_status WHERE enrollment_id = ?`
+
+	qStoreEvent = `
+INSERT INTO wf_events (event_name, event_type, workflow_name, event_context, context)
+SELECT * FROM (SELECT ? AS n, ? AS t, ? AS w, ? AS ec, ? AS c) AS v
+ON DUPLICATE KEY UPDATE
+  event_type = v.t, workflow_name = v.w, event_context = v.ec, context = v.c`
+
+	qGetEventsByNames = `
+SELECT event_name, event_type, workflow_name, context, event_context
+FROM wf_events WHERE event_name IN (?)`
+
+	qGetEventsByType = `
+SELECT event_name, event_type, workflow_name, context, event_context
+FROM wf_events WHERE event_type = ? ORDER BY event_name`
+
+	qDeleteEvent = `DELETE FROM wf_events WHERE event_name = ?`
+)

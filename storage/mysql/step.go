@@ -1,0 +1,245 @@
+package mysql
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	nanostorage "github.com/micromdm/nanocmd/engine/storage"
+
+	"github.com/stepcollect/stepcollect/storage"
+)
+
+// Column sizes of NanoCMD's schema, checked up front so that an oversized
+// value is named instead of failing (or, without strict mode, truncating).
+const (
+	maxNameLen        = 255 // workflow_name, instance_id, step_name, enrollment_id
+	maxCommandUUIDLen = 127
+	maxRequestTypeLen = 63
+	maxMediumText     = 1<<24 - 1
+)
+
+// idCommandRowsPerInsert bounds one multi-row INSERT into id_commands
+// (5 placeholders a row).
+const idCommandRowsPerInsert = 1000
+
+// StoreStep stores a step, atomically: the steps row, its raw commands (for
+// a NotUntil step) and one id_commands row per enrollment and command, all in
+// one transaction, or nothing.
+func (s *Storage) StoreStep(ctx context.Context, step *nanostorage.StepEnqueuingWithConfig, pushTime time.Time) error {
+	_, err := s.StoreStepID(ctx, step, pushTime)
+	return err
+}
+
+// StoreStepID is StoreStep returning the new step's id. A command UUID that
+// one of the enrollments already holds is a storage.EConflict error naming
+// both.
+func (s *Storage) StoreStepID(ctx context.Context, step *nanostorage.StepEnqueuingWithConfig, pushTime time.Time) (int64, error) {
+	if err := validateStep(step); err != nil {
+		return 0, err
+	}
+	var lastPush sql.NullTime
+	if step.NotUntil.IsZero() {
+		// sent now by the caller; NotUntil steps get theirs when sent.
+		lastPush = nullTime(pushTime)
+	}
+	var stepID int64
+	err := s.inTx(ctx, "store step", func(ctx context.Context, tx *sql.Tx, _ *attempt) error {
+		res, err := tx.ExecContext(ctx, qCreateStep, step.WorkflowName, step.InstanceID,
+			nullString(step.Name), step.Context, nullTime(step.NotUntil), nullTime(step.Timeout))
+		if err != nil {
+			return fmt.Errorf("inserting step: %w", err)
+		}
+		if stepID, err = res.LastInsertId(); err != nil {
+			return fmt.Errorf("inserting step: %w", err)
+		}
+		if !step.NotUntil.IsZero() {
+			vals := make([]any, 0, 4*len(step.Commands))
+			for _, c := range step.Commands {
+				vals = append(vals, stepID, c.CommandUUID, c.RequestType, c.Command)
+			}
+			q := qCreateStepCommands + rowsOf(qCreateStepCommandsRow, len(step.Commands))
+			if _, err := tx.ExecContext(ctx, q, vals...); err != nil {
+				return fmt.Errorf("inserting raw commands of step %d: %w", stepID, err)
+			}
+		}
+		type row struct {
+			id  string
+			cmd nanostorage.StepCommandRaw
+		}
+		all := make([]row, 0, len(step.IDs)*len(step.Commands))
+		for _, id := range step.IDs {
+			for _, c := range step.Commands {
+				all = append(all, row{id, c})
+			}
+		}
+		return chunks(all, idCommandRowsPerInsert, func(rows []row) error {
+			vals := make([]any, 0, 5*len(rows))
+			for _, r := range rows {
+				vals = append(vals, r.id, r.cmd.CommandUUID, stepID, r.cmd.RequestType, lastPush)
+			}
+			q := qCreateIDCommands + rowsOf(qCreateIDCommandsRow, len(rows))
+			if _, err := tx.ExecContext(ctx, q, vals...); err != nil {
+				return fmt.Errorf("inserting enrollment commands of step %d: %w", stepID, err)
+			}
+			return nil
+		})
+	})
+	if mysqlErrNo(err) == errDupEntry {
+		return 0, s.conflict(ctx, step, err)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("storing step (workflow %s, instance %s, %d ids): %w", step.WorkflowName, step.InstanceID, len(step.IDs), err)
+	}
+	return stepID, nil
+}
+
+// conflict names the enrollment and command UUID behind a duplicate-key
+// error, read after the rollback.
+func (s *Storage) conflict(ctx context.Context, step *nanostorage.StepEnqueuingWithConfig, dupErr error) error {
+	uuids := make([]string, len(step.Commands))
+	for i, c := range step.Commands {
+		uuids[i] = c.CommandUUID
+	}
+	var enrollment, uuid string
+	err := chunks(step.IDs, maxInList, func(idsChunk []string) error {
+		q := expand(qFindConflict, len(uuids), len(idsChunk))
+		err := s.db.QueryRowContext(ctx, q, append(args(uuids), args(idsChunk)...)...).Scan(&enrollment, &uuid)
+		if err == nil {
+			return errFound
+		}
+		if errors.Is(err, sql.ErrNoRows) {
+			return nil
+		}
+		return err
+	})
+	if errors.Is(err, errFound) {
+		return storage.Errorf(storage.EConflict, "enrollment %q already holds command %q", enrollment, uuid)
+	}
+	return storage.Errorf(storage.EConflict, "storing step (workflow %s, instance %s): a command UUID is already held by one of its enrollments: %v", step.WorkflowName, step.InstanceID, dupErr)
+}
+
+var errFound = errors.New("found")
+
+// validateStep checks step the way an API caller needs to hear about it: one
+// line naming the field, before anything is written.
+func validateStep(step *nanostorage.StepEnqueuingWithConfig) error {
+	inv := func(format string, a ...any) error { return storage.Errorf(storage.EInvalid, format, a...) }
+	switch {
+	case step == nil:
+		return inv("step: missing")
+	case step.WorkflowName == "":
+		return inv("workflow_name: missing")
+	case len(step.WorkflowName) > maxNameLen:
+		return inv("workflow_name: longer than %d bytes", maxNameLen)
+	case step.InstanceID == "":
+		return inv("instance_id: missing")
+	case len(step.InstanceID) > maxNameLen:
+		return inv("instance_id: longer than %d bytes", maxNameLen)
+	case len(step.Name) > maxNameLen:
+		return inv("step_name: longer than %d bytes", maxNameLen)
+	case len(step.Context) > maxMediumText:
+		return inv("context: larger than %d bytes", maxMediumText)
+	case len(step.IDs) == 0:
+		return inv("ids: empty")
+	case len(step.Commands) == 0:
+		return inv("commands: empty")
+	}
+	seenID := make(map[string]int, len(step.IDs))
+	for i, id := range step.IDs {
+		switch j, dup := seenID[id]; {
+		case id == "":
+			return inv("ids[%d]: empty", i)
+		case len(id) > maxNameLen:
+			return inv("ids[%d]: longer than %d bytes", i, maxNameLen)
+		case dup:
+			return inv("ids[%d]: %q repeats ids[%d]", i, id, j)
+		}
+		seenID[id] = i
+	}
+	seenUUID := make(map[string]int, len(step.Commands))
+	for i, c := range step.Commands {
+		switch j, dup := seenUUID[c.CommandUUID]; {
+		case c.CommandUUID == "":
+			return inv("commands[%d].command_uuid: missing", i)
+		case len(c.CommandUUID) > maxCommandUUIDLen:
+			return inv("commands[%d].command_uuid: longer than %d bytes", i, maxCommandUUIDLen)
+		case dup:
+			return inv("commands[%d].command_uuid: %q repeats commands[%d]", i, c.CommandUUID, j)
+		case c.RequestType == "":
+			return inv("commands[%d].request_type: missing", i)
+		case len(c.RequestType) > maxRequestTypeLen:
+			return inv("commands[%d].request_type: longer than %d bytes", i, maxRequestTypeLen)
+		case len(c.Command) > maxMediumText:
+			return inv("commands[%d].command: larger than %d bytes", i, maxMediumText)
+		case !step.NotUntil.IsZero() && len(c.Command) == 0:
+			return inv("commands[%d].command: missing (a not_until step keeps its raw commands to send later)", i)
+		}
+		seenUUID[c.CommandUUID] = i
+	}
+	return nil
+}
+
+// rowsOf repeats one VALUES row n times, comma-separated.
+func rowsOf(row string, n int) string {
+	return strings.TrimSuffix(strings.Repeat(row+", ", n), ", ")
+}
+
+// CancelSteps cancels enrollment id's steps: all of them, or those of
+// workflowName. It deletes only id's own rows, then collects exactly the
+// steps it touched (no scan of the whole table).
+func (s *Storage) CancelSteps(ctx context.Context, id, workflowName string) error {
+	if id == "" {
+		return storage.Errorf(storage.EInvalid, "cancel steps: enrollment id: empty")
+	}
+	var stepIDs []int64
+	err := s.inTx(ctx, "cancel steps", func(ctx context.Context, tx *sql.Tx, _ *attempt) error {
+		var err error
+		stepIDs, err = queryInt64s(ctx, tx, qLockEnrollmentRows, id)
+		if err != nil {
+			return fmt.Errorf("locking enrollment rows: %w", err)
+		}
+		if workflowName != "" && len(stepIDs) > 0 {
+			all := stepIDs
+			stepIDs = nil
+			err = chunks(all, maxInList, func(c []int64) error {
+				ids, err := queryInt64s(ctx, tx, expand(qFilterStepsByWorkflow, len(c)), append(args(c), workflowName)...)
+				stepIDs = append(stepIDs, ids...)
+				return err
+			})
+			if err != nil {
+				return fmt.Errorf("filtering steps by workflow: %w", err)
+			}
+		}
+		return chunks(stepIDs, maxInList, func(c []int64) error {
+			_, err := tx.ExecContext(ctx, expand(qDeleteEnrollmentStepsRows, len(c)), args(c, id)...)
+			if err != nil {
+				return fmt.Errorf("deleting enrollment rows: %w", err)
+			}
+			return nil
+		})
+	})
+	if err != nil {
+		return fmt.Errorf("cancelling steps (enrollment %s, workflow %q): %w", id, workflowName, err)
+	}
+	s.afterRelease(ctx, stepIDs)
+	return nil
+}
+
+// RetrieveOutstandingWorkflowStatus returns those of ids that have a
+// command outstanding in a step of workflowName.
+func (s *Storage) RetrieveOutstandingWorkflowStatus(ctx context.Context, workflowName string, ids []string) ([]string, error) {
+	var out []string
+	err := chunks(ids, maxInList, func(c []string) error {
+		got, err := queryStrings(ctx, s.db, expand(qOutstandingIDs, len(c)), append(args(c), workflowName)...)
+		out = append(out, got...)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("outstanding ids (workflow %s, %d ids): %w", workflowName, len(ids), err)
+	}
+	return out, nil
+}

@@ -1,0 +1,253 @@
+package mysql
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"time"
+
+	nanostorage "github.com/micromdm/nanocmd/engine/storage"
+)
+
+// Worker batches: each is one short transaction that claims its steps with
+// SKIP LOCKED, so any number of workers may run these at once and none waits
+// on another; a call loops over batches until nothing is left.
+const (
+	dueStepsPerBatch      = 100
+	timedOutStepsPerBatch = 50
+	rePushRowsPerBatch    = 1000
+)
+
+// RetrieveStepsToEnqueue returns the steps whose NotUntil is before
+// pushTime, with their raw commands and enrollment ids, and marks them sent
+// (their raw commands are dropped and their commands' last push is
+// pushTime). A sent step keeps its timeout.
+func (s *Storage) RetrieveStepsToEnqueue(ctx context.Context, pushTime time.Time) ([]*nanostorage.StepEnqueueing, error) {
+	if pushTime.IsZero() {
+		return nil, fmt.Errorf("retrieving due steps: empty push time")
+	}
+	var out []*nanostorage.StepEnqueueing
+	for {
+		var batch []*nanostorage.StepEnqueueing
+		err := s.inTx(ctx, "enqueue due steps", func(ctx context.Context, tx *sql.Tx, _ *attempt) error {
+			batch = batch[:0]
+			rs, err := tx.QueryContext(ctx, qClaimDueSteps, pushTime, dueStepsPerBatch)
+			if err != nil {
+				return fmt.Errorf("claiming due steps: %w", err)
+			}
+			byID := map[int64]*nanostorage.StepEnqueueing{}
+			var stepIDs []int64
+			for rs.Next() {
+				var id int64
+				var name sql.NullString
+				se := &nanostorage.StepEnqueueing{}
+				if err := rs.Scan(&id, &se.WorkflowName, &se.InstanceID, &name); err != nil {
+					rs.Close()
+					return fmt.Errorf("claiming due steps: %w", err)
+				}
+				se.Name = name.String
+				byID[id] = se
+				stepIDs = append(stepIDs, id)
+				batch = append(batch, se)
+			}
+			rs.Close()
+			if err := rs.Err(); err != nil {
+				return fmt.Errorf("claiming due steps: %w", err)
+			}
+			if len(stepIDs) == 0 {
+				return nil
+			}
+
+			_, err = queryList(ctx, tx, expand(qGetStepCommands, len(stepIDs)), args(stepIDs), func(rs *sql.Rows) (struct{}, error) {
+				var id int64
+				var c nanostorage.StepCommandRaw
+				err := rs.Scan(&id, &c.CommandUUID, &c.RequestType, &c.Command)
+				byID[id].Commands = append(byID[id].Commands, c)
+				return struct{}{}, err
+			})
+			if err != nil {
+				return fmt.Errorf("reading raw commands of steps %v: %w", stepIDs, err)
+			}
+			_, err = queryList(ctx, tx, expand(qGetStepEnrollments, len(stepIDs)), args(stepIDs), func(rs *sql.Rows) (struct{}, error) {
+				var id int64
+				var enrollment string
+				err := rs.Scan(&id, &enrollment)
+				byID[id].IDs = append(byID[id].IDs, enrollment)
+				return struct{}{}, err
+			})
+			if err != nil {
+				return fmt.Errorf("reading enrollments of steps %v: %w", stepIDs, err)
+			}
+
+			if _, err := tx.ExecContext(ctx, expand(qDeleteStepCommands, len(stepIDs)), args(stepIDs)...); err != nil {
+				return fmt.Errorf("dropping raw commands of steps %v: %w", stepIDs, err)
+			}
+			if _, err := tx.ExecContext(ctx, expand(qMarkStepsPushed, len(stepIDs)), args(stepIDs, pushTime)...); err != nil {
+				return fmt.Errorf("marking steps %v pushed: %w", stepIDs, err)
+			}
+			if _, err := tx.ExecContext(ctx, expand(qClearNotUntil, len(stepIDs)), args(stepIDs)...); err != nil {
+				return fmt.Errorf("marking steps %v sent: %w", stepIDs, err)
+			}
+			return nil
+		})
+		if err != nil {
+			return out, fmt.Errorf("retrieving due steps: %w", err)
+		}
+		for _, se := range batch {
+			// A step whose enrollments all answered or were cancelled
+			// before it was due has nobody to send to.
+			if len(se.IDs) > 0 {
+				out = append(out, se)
+			}
+		}
+		if len(batch) < dueStepsPerBatch {
+			return out, nil
+		}
+	}
+}
+
+// RetrieveTimedOutSteps returns, one per step and enrollment, the steps
+// whose timeout has passed with that enrollment not done, with its commands
+// as they stood, and deletes them. An enrollment's rows are locked in the
+// same order completion locks them, so a result racing the timeout either
+// completes first (and is not reported as timed out) or finds its command
+// gone.
+func (s *Storage) RetrieveTimedOutSteps(ctx context.Context) ([]*nanostorage.StepResult, error) {
+	now := time.Now()
+	var out []*nanostorage.StepResult
+	for {
+		var batch []*nanostorage.StepResult
+		var claimed int
+		err := s.inTx(ctx, "time out steps", func(ctx context.Context, tx *sql.Tx, _ *attempt) error {
+			batch = batch[:0]
+			type stepRow struct {
+				id  int64
+				ctx nanostorage.StepContext
+			}
+			steps, err := queryList(ctx, tx, qClaimTimedOutSteps, []any{now, timedOutStepsPerBatch}, func(rs *sql.Rows) (stepRow, error) {
+				var r stepRow
+				var name sql.NullString
+				err := rs.Scan(&r.id, &r.ctx.WorkflowName, &r.ctx.InstanceID, &name, &r.ctx.Context)
+				r.ctx.Name = name.String
+				return r, err
+			})
+			if err != nil {
+				return fmt.Errorf("claiming timed-out steps: %w", err)
+			}
+			claimed = len(steps)
+			if claimed == 0 {
+				return nil
+			}
+			stepIDs := make([]int64, len(steps))
+			for i, st := range steps {
+				stepIDs[i] = st.id
+				results, err := s.timeOutStep(ctx, tx, st.id, st.ctx)
+				if err != nil {
+					return err
+				}
+				batch = append(batch, results...)
+			}
+			if _, err := tx.ExecContext(ctx, expand(qDeleteStepCommands, len(stepIDs)), args(stepIDs)...); err != nil {
+				return fmt.Errorf("deleting raw commands of timed-out steps %v: %w", stepIDs, err)
+			}
+			if _, err := tx.ExecContext(ctx, expand(qDeleteSteps, len(stepIDs)), args(stepIDs)...); err != nil {
+				return fmt.Errorf("deleting timed-out steps %v: %w", stepIDs, err)
+			}
+			return nil
+		})
+		if err != nil {
+			return out, fmt.Errorf("retrieving timed-out steps: %w", err)
+		}
+		out = append(out, batch...)
+		if claimed < timedOutStepsPerBatch {
+			return out, nil
+		}
+	}
+}
+
+// timeOutStep locks and deletes what is left of one claimed step's
+// enrollment rows, returning one result per enrollment.
+func (s *Storage) timeOutStep(ctx context.Context, tx *sql.Tx, stepID int64, sc nanostorage.StepContext) ([]*nanostorage.StepResult, error) {
+	enrollments, err := queryStrings(ctx, tx, qGetStepEnrollmentIDs, stepID)
+	if err != nil {
+		return nil, fmt.Errorf("reading enrollments of timed-out step %d: %w", stepID, err)
+	}
+	var out []*nanostorage.StepResult
+	err = chunks(enrollments, maxInList, func(c []string) error {
+		byID := map[string]*nanostorage.StepResult{}
+		_, err := queryList(ctx, tx, expand(qLockTimedOutRows, len(c)), append(args(c), stepID), func(rs *sql.Rows) (struct{}, error) {
+			var id string
+			var r nanostorage.StepCommandResult
+			if err := rs.Scan(&id, &r.CommandUUID, &r.RequestType, &r.Completed, &r.ResultReport); err != nil {
+				return struct{}{}, err
+			}
+			sr := byID[id]
+			if sr == nil {
+				sr = &nanostorage.StepResult{StepContext: sc, IDs: []string{id}}
+				byID[id] = sr
+				out = append(out, sr)
+			}
+			sr.Commands = append(sr.Commands, r)
+			return struct{}{}, nil
+		})
+		if err != nil {
+			return fmt.Errorf("locking rows of timed-out step %d: %w", stepID, err)
+		}
+		if _, err := tx.ExecContext(ctx, expand(qDeleteTimedOutRows, len(c)), append(args(c), stepID)...); err != nil {
+			return fmt.Errorf("deleting rows of timed-out step %d: %w", stepID, err)
+		}
+		return nil
+	})
+	return out, err
+}
+
+// RetrieveAndMarkRePushed returns the enrollments with a command last pushed
+// before ifBefore and marks those commands pushed at pushTime. Rows are
+// claimed with SKIP LOCKED, so two workers never return the same enrollment
+// for the same commands.
+func (s *Storage) RetrieveAndMarkRePushed(ctx context.Context, ifBefore time.Time, pushTime time.Time) ([]string, error) {
+	if ifBefore.IsZero() {
+		return nil, nil
+	}
+	seen := map[string]bool{}
+	var out []string
+	type key struct{ id, uuid string }
+	for {
+		var keys []key
+		err := s.inTx(ctx, "mark re-pushed", func(ctx context.Context, tx *sql.Tx, _ *attempt) error {
+			var err error
+			keys, err = queryList(ctx, tx, qClaimRePush, []any{ifBefore, rePushRowsPerBatch}, func(rs *sql.Rows) (key, error) {
+				var k key
+				return k, rs.Scan(&k.id, &k.uuid)
+			})
+			if err != nil {
+				return fmt.Errorf("claiming rows to re-push: %w", err)
+			}
+			if len(keys) == 0 {
+				return nil
+			}
+			vals := []any{pushTime}
+			for _, k := range keys {
+				vals = append(vals, k.id, k.uuid)
+			}
+			_, err = tx.ExecContext(ctx, expand(qMarkRePushed, len(keys)), vals...)
+			if err != nil {
+				return fmt.Errorf("marking rows re-pushed: %w", err)
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, fmt.Errorf("re-push (before %s): %w", ifBefore.Format(time.RFC3339), err)
+		}
+		for _, k := range keys {
+			if !seen[k.id] {
+				seen[k.id] = true
+				out = append(out, k.id)
+			}
+		}
+		// A pushTime not after ifBefore leaves the rows due: one pass only.
+		if len(keys) < rePushRowsPerBatch || !pushTime.After(ifBefore) {
+			return out, nil
+		}
+	}
+}

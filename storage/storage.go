@@ -1,0 +1,83 @@
+// Package storage holds stepcollect's domain types and the interfaces its
+// parts talk through. The step, result and subscription types themselves are
+// NanoCMD's (github.com/micromdm/nanocmd/engine/storage): stepcollect's
+// storage is a drop-in NanoCMD backend, so it speaks NanoCMD's vocabulary.
+package storage
+
+import (
+	"context"
+	"time"
+
+	nanostorage "github.com/micromdm/nanocmd/engine/storage"
+)
+
+// AllStorage is NanoCMD's full storage interface, which every stepcollect
+// backend satisfies.
+type AllStorage = nanostorage.AllStorage
+
+// UnreferencedStep is a step that no id_commands row refers to any more, as
+// observed by a non-locking read after the commit that removed the last one.
+// "Unreferenced" is terminal: id_commands rows are only ever inserted
+// together with a new steps row, so such a step can never gain a reference
+// again, and whoever receives one may collect it at any later time.
+type UnreferencedStep struct {
+	ID int64 `json:"id"`
+	// ObservedAt is when the step was first seen unreferenced, i.e. just
+	// after the commit that left it so. Collection lag is measured from here.
+	ObservedAt time.Time `json:"observed_at"`
+}
+
+// Collector takes over the deletion of unreferenced steps from the request
+// path. The storage calls it after its own transaction has committed; an
+// error is logged and counted, never returned to the storage's caller (the
+// result it committed is what matters), and the step stays behind for a
+// later collection or sweep.
+type Collector interface {
+	CollectSteps(ctx context.Context, steps []UnreferencedStep) error
+}
+
+// CollectOutcome names what one collection attempt found for one step. The
+// values are the label values of stepcollect_collect_runs_total{outcome}.
+type CollectOutcome string
+
+const (
+	// CollectCollected: claimed and deleted, with its raw commands.
+	CollectCollected CollectOutcome = "collected"
+	// CollectReferenced: still has id_commands rows; not ours to delete yet.
+	CollectReferenced CollectOutcome = "referenced"
+	// CollectClaimedElsewhere: another collector (or the timeout sweep) holds
+	// the row right now and will delete it; we skip rather than wait.
+	CollectClaimedElsewhere CollectOutcome = "claimed_elsewhere"
+	// CollectGone: already deleted by someone else.
+	CollectGone CollectOutcome = "gone"
+	// CollectError: the attempt failed; the step is left for a retry/sweep.
+	CollectError CollectOutcome = "error"
+)
+
+// CollectResult counts, per outcome, what a collection call did.
+type CollectResult map[CollectOutcome]int
+
+// Observer receives the storage's measurements. The metrics package has the
+// Prometheus implementation; the storage defaults to one that does nothing.
+type Observer interface {
+	// TxRetried is called each time a transaction is rolled back and run
+	// again. reason is "deadlock", "lock_wait_timeout" or "connection".
+	TxRetried(op, reason string)
+	// ResultCommitted is called once per StoreCommandResponse… call that
+	// reached the database, with the time spent in its transaction
+	// including retries.
+	ResultCommitted(d time.Duration, completedStep bool, err error)
+	// StepsCollected is called after a collection attempt with its outcomes
+	// and, for the collected steps, when each was first observed
+	// unreferenced (zero when unknown).
+	StepsCollected(res CollectResult, observedAt []time.Time)
+}
+
+// NopObserver is an Observer that does nothing.
+type NopObserver struct{}
+
+func (NopObserver) TxRetried(string, string)                   {}
+func (NopObserver) ResultCommitted(time.Duration, bool, error) {}
+func (NopObserver) StepsCollected(CollectResult, []time.Time)  {}
+
+var _ Observer = NopObserver{}
