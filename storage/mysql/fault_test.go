@@ -1,0 +1,236 @@
+package mysql_test
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"io"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+
+	"github.com/stepcollect/stepcollect/internal/testdb"
+	stepmysql "github.com/stepcollect/stepcollect/storage/mysql"
+)
+
+// faultConnector wraps go-sql-driver's connector to break things on cue:
+// KILL a connection from the server side just before a chosen statement (a
+// connection that breaks mid-transaction), or let a COMMIT succeed and then
+// report its answer lost (a COMMIT whose outcome the client cannot know).
+type faultConnector struct {
+	base  driver.Connector
+	admin *sql.DB
+
+	mu          sync.Mutex
+	killBefore  string // substring of the statement to kill before, once
+	loseCommits int    // how many successful COMMITs to report as lost
+	killed      int
+	lost        int
+}
+
+func newFaultDB(t *testing.T, db *testdb.DB) (*sql.DB, *faultConnector) {
+	t.Helper()
+	cfg, err := mysql.ParseDSN(db.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	base, err := mysql.NewConnector(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fc := &faultConnector{base: base, admin: db.DB}
+	fdb := sql.OpenDB(fc)
+	fdb.SetMaxOpenConns(testdb.PoolSize)
+	t.Cleanup(func() { fdb.Close() })
+	return fdb, fc
+}
+
+func (c *faultConnector) Driver() driver.Driver { return c.base.Driver() }
+
+func (c *faultConnector) Connect(ctx context.Context) (driver.Conn, error) {
+	conn, err := c.base.Connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := conn.(driver.QueryerContext).QueryContext(ctx, "SELECT CONNECTION_ID()", nil)
+	if err != nil {
+		conn.Close()
+		return nil, err
+	}
+	defer rows.Close()
+	dest := make([]driver.Value, 1)
+	if err := rows.Next(dest); err != nil && err != io.EOF {
+		conn.Close()
+		return nil, err
+	}
+	return &faultConn{Conn: conn, id: dest[0], c: c}, nil
+}
+
+func (c *faultConnector) maybeKill(ctx context.Context, id driver.Value, query string) {
+	c.mu.Lock()
+	hit := c.killBefore != "" && strings.Contains(query, c.killBefore)
+	if hit {
+		c.killBefore = ""
+		c.killed++
+	}
+	c.mu.Unlock()
+	if hit {
+		c.admin.ExecContext(ctx, "KILL CONNECTION ?", id)
+		time.Sleep(50 * time.Millisecond) // let the server close it
+	}
+}
+
+func (c *faultConnector) takeLostCommit() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.loseCommits > 0 {
+		c.loseCommits--
+		c.lost++
+		return true
+	}
+	return false
+}
+
+type faultConn struct {
+	driver.Conn
+	id driver.Value
+	c  *faultConnector
+}
+
+func (f *faultConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
+	tx, err := f.Conn.(driver.ConnBeginTx).BeginTx(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	return &faultTx{Tx: tx, c: f.c}, nil
+}
+
+func (f *faultConn) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
+	f.c.maybeKill(ctx, f.id, query)
+	return f.Conn.(driver.ExecerContext).ExecContext(ctx, query, args)
+}
+
+func (f *faultConn) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
+	f.c.maybeKill(ctx, f.id, query)
+	return f.Conn.(driver.QueryerContext).QueryContext(ctx, query, args)
+}
+
+func (f *faultConn) PrepareContext(ctx context.Context, query string) (driver.Stmt, error) {
+	return f.Conn.(driver.ConnPrepareContext).PrepareContext(ctx, query)
+}
+
+func (f *faultConn) Ping(ctx context.Context) error { return f.Conn.(driver.Pinger).Ping(ctx) }
+
+func (f *faultConn) ResetSession(ctx context.Context) error {
+	return f.Conn.(driver.SessionResetter).ResetSession(ctx)
+}
+
+func (f *faultConn) IsValid() bool { return f.Conn.(driver.Validator).IsValid() }
+
+func (f *faultConn) CheckNamedValue(nv *driver.NamedValue) error {
+	return f.Conn.(driver.NamedValueChecker).CheckNamedValue(nv)
+}
+
+type faultTx struct {
+	driver.Tx
+	c *faultConnector
+}
+
+func (t *faultTx) Commit() error {
+	if err := t.Tx.Commit(); err != nil {
+		return err
+	}
+	if t.c.takeLostCommit() {
+		return mysql.ErrInvalidConn // committed, but the client never heard
+	}
+	return nil
+}
+
+func setupFaulty(t *testing.T) (*bundle, *faultConnector) {
+	t.Helper()
+	db := testdb.New(t, nil)
+	if err := stepmysql.Migrate(t.Context(), db.DB); err != nil {
+		t.Fatal(err)
+	}
+	fdb, fc := newFaultDB(t, db)
+	faulty := &testdb.DB{DB: fdb, Name: db.Name, DSN: db.DSN}
+	return setup(t, &setupOpts{db: faulty, noMigrate: true}), fc
+}
+
+func TestConnectionKilledMidTransactionIsRetriedAndTheResultCommitted(t *testing.T) {
+	b, fc := setupFaulty(t)
+	ctx := t.Context()
+	step := fanOutStep("killed", 2, 1)
+	if err := b.store.StoreStep(ctx, step, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	fc.mu.Lock()
+	fc.killBefore = "DELETE FROM id_commands WHERE enrollment_id = ? AND step_id = ?"
+	fc.mu.Unlock()
+
+	r, err := b.store.StoreCommandResponseAndRetrieveCompletedStep(ctx, step.IDs[0], result(step.Commands[0].CommandUUID))
+	if err != nil || r == nil {
+		t.Fatalf("result across a killed connection: %v, %v", r, err)
+	}
+	if fc.killed != 1 {
+		t.Fatalf("the connection was killed %d times, want 1: the fault never happened", fc.killed)
+	}
+	if retries, _ := b.obs.snapshot(); retries["store command result/connection"] != 1 {
+		t.Errorf("retries %v, want one connection retry", retries)
+	}
+	var left int
+	b.db.QueryRow(`SELECT COUNT(*) FROM id_commands WHERE enrollment_id = ?`, step.IDs[0]).Scan(&left)
+	if left != 0 {
+		t.Errorf("rows of the enrollment left: %d", left)
+	}
+}
+
+// A COMMIT that went through but whose answer was lost is retried; the retry
+// finds the rows gone and must return the completed step it had built, not
+// "unknown command": the result is committed and the caller must get it.
+func TestLostCommitAnswerOnTheCompletingResultStillReturnsTheStep(t *testing.T) {
+	b, fc := setupFaulty(t)
+	ctx := t.Context()
+	step := fanOutStep("lostcommit", 1, 2)
+	if err := b.store.StoreStep(ctx, step, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+
+	// first command, with its commit answer lost: a retry re-records it
+	fc.mu.Lock()
+	fc.loseCommits = 1
+	fc.mu.Unlock()
+	r, err := b.store.StoreCommandResponseAndRetrieveCompletedStep(ctx, step.IDs[0], result(step.Commands[0].CommandUUID))
+	if err != nil || r != nil {
+		t.Fatalf("first command: %v, %v; want stored, not complete", r, err)
+	}
+
+	// last command, with its commit answer lost: the step comes back anyway
+	fc.mu.Lock()
+	fc.loseCommits = 1
+	fc.mu.Unlock()
+	r, err = b.store.StoreCommandResponseAndRetrieveCompletedStep(ctx, step.IDs[0], result(step.Commands[1].CommandUUID))
+	if err != nil || r == nil {
+		t.Fatalf("last command: %v, %v; want the completed step", r, err)
+	}
+	if fc.lost != 2 {
+		t.Fatalf("lost %d commit answers, want 2: the fault never happened", fc.lost)
+	}
+	if len(r.Commands) != 2 {
+		t.Fatalf("completed step holds %d commands, want 2", len(r.Commands))
+	}
+	for _, c := range r.Commands {
+		if string(c.ResultReport) != string(result(c.CommandUUID).ResultReport) {
+			t.Errorf("command %s: result %q", c.CommandUUID, c.ResultReport)
+		}
+	}
+	if retries, _ := b.obs.snapshot(); retries["store command result/connection"] != 2 {
+		t.Errorf("retries %v, want two connection retries", retries)
+	}
+	if c := countRows(t, b.db.DB); c != (rowCounts{}) {
+		t.Errorf("rows left: %+v", c)
+	}
+}
