@@ -1,0 +1,31 @@
+# stepcollect. Two commands to know: `make run` and `make test`.
+SHELL := /bin/bash
+GO    ?= go
+BENCH_N ?= 3000
+
+.PHONY: run test services bench bench-build vet
+
+# Brings up MySQL/MariaDB and Redis where they do not answer, creates the
+# database, and applies the schema migrations.
+run: services
+	$(GO) run ./internal/cmd/migrate
+
+test: vet
+	$(GO) test -race -count=1 ./...
+
+vet:
+	$(GO) vet ./...
+	cd bench && $(GO) vet ./...
+
+services:
+	bash scripts/services.sh
+
+# One fan-out run per implementation, side by side on the local server.
+bench: services bench-build
+	cd bench && $(GO) run ./cmd/benchtable -bin ../bin/bench -n $(BENCH_N) -out ../docs/bench/fanout.md
+
+bench-build:
+	mkdir -p bin/bench
+	cd bench && $(GO) build -o ../bin/bench/fanout-stepcollect ./cmd/fanout-stepcollect
+	cd bench && $(GO) build -o ../bin/bench/fanout-nanocmd-v0.7.1 ./cmd/fanout-nanocmd
+	cd bench && $(GO) build -modfile=go.v070.mod -o ../bin/bench/fanout-nanocmd-v0.7.0 ./cmd/fanout-nanocmd

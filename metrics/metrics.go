@@ -1,0 +1,95 @@
+// Package metrics declares stepcollect's Prometheus metrics. Names are part
+// of the contract (../CONTRACT.md §5): dashboards and alerts use them, so
+// they are added to, never renamed.
+package metrics
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/stepcollect/stepcollect/storage"
+)
+
+// Namespace prefixes every stepcollect metric.
+const Namespace = "stepcollect"
+
+// Storage holds the metrics the storage reports, and is its Observer.
+type Storage struct {
+	ResultCommitSeconds *prometheus.HistogramVec
+	TxRetries           *prometheus.CounterVec
+	StepsCollectedTotal prometheus.Counter
+	CollectRuns         *prometheus.CounterVec
+	CollectionLag       prometheus.Histogram
+}
+
+var _ storage.Observer = (*Storage)(nil)
+
+// NewStorage creates the storage metrics and registers them with reg.
+func NewStorage(reg prometheus.Registerer) *Storage {
+	m := &Storage{
+		ResultCommitSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: Namespace,
+			Name:      "result_commit_seconds",
+			Help:      "Time spent committing one command result in its enrollment-local transaction, retries included.",
+			Buckets:   []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
+		}, []string{"completed_step"}),
+		TxRetries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace,
+			Name:      "tx_retries_total",
+			Help:      "Transactions rolled back and run again, by operation and reason (deadlock, lock_wait_timeout, connection).",
+		}, []string{"op", "reason"}),
+		StepsCollectedTotal: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: Namespace,
+			Name:      "steps_collected_total",
+			Help:      "Steps deleted by collection.",
+		}),
+		CollectRuns: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace,
+			Name:      "collect_runs_total",
+			Help:      "Step collection attempts, one per step, by outcome (collected, referenced, claimed_elsewhere, gone, error).",
+		}, []string{"outcome"}),
+		CollectionLag: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: Namespace,
+			Name:      "collection_lag_seconds",
+			Help:      "From the commit that left a step unreferenced to its deletion.",
+			Buckets:   []float64{.001, .005, .01, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900},
+		}),
+	}
+	// Every outcome exists from the start, so rate() and alerts see zeros
+	// rather than absent series.
+	for _, o := range []storage.CollectOutcome{storage.CollectCollected, storage.CollectReferenced,
+		storage.CollectClaimedElsewhere, storage.CollectGone, storage.CollectError} {
+		m.CollectRuns.WithLabelValues(string(o))
+	}
+	reg.MustRegister(m.ResultCommitSeconds, m.TxRetries, m.StepsCollectedTotal, m.CollectRuns, m.CollectionLag)
+	return m
+}
+
+// TxRetried implements storage.Observer.
+func (m *Storage) TxRetried(op, reason string) { m.TxRetries.WithLabelValues(op, reason).Inc() }
+
+// ResultCommitted implements storage.Observer.
+func (m *Storage) ResultCommitted(d time.Duration, completedStep bool, err error) {
+	label := "false"
+	if completedStep {
+		label = "true"
+	}
+	m.ResultCommitSeconds.WithLabelValues(label).Observe(d.Seconds())
+}
+
+// StepsCollected implements storage.Observer.
+func (m *Storage) StepsCollected(res storage.CollectResult, observedAt []time.Time) {
+	for outcome, n := range res {
+		if n > 0 {
+			m.CollectRuns.WithLabelValues(string(outcome)).Add(float64(n))
+		}
+	}
+	m.StepsCollectedTotal.Add(float64(res[storage.CollectCollected]))
+	now := time.Now()
+	for _, t := range observedAt {
+		if !t.IsZero() {
+			m.CollectionLag.Observe(now.Sub(t).Seconds())
+		}
+	}
+}
