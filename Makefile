@@ -3,12 +3,18 @@ SHELL := /bin/bash
 GO    ?= go
 BENCH_N ?= 3000
 
-.PHONY: run test services bench bench-build vet
+.PHONY: run build test services bench bench-build vet
 
 # Brings up MySQL/MariaDB and Redis where they do not answer, creates the
-# database, and applies the schema migrations.
-run: services
-	$(GO) run ./internal/cmd/migrate
+# database, then runs the services in the foreground (Ctrl-C stops them).
+run: services build
+	bin/migrate
+	@echo "run: worker metrics on http://127.0.0.1:9101/metrics (STEPCOLLECT_METRICS_LISTEN); logs below"
+	bin/worker -log-format console
+
+build:
+	mkdir -p bin
+	$(GO) build -o bin/ ./cmd/... ./internal/cmd/migrate
 
 test: vet
 	$(GO) test -race -count=1 ./...

@@ -81,3 +81,16 @@ func (NopObserver) ResultCommitted(time.Duration, bool, error) {}
 func (NopObserver) StepsCollected(CollectResult, []time.Time)  {}
 
 var _ Observer = NopObserver{}
+
+// ScanPage is one bounded page of a sweep over a table, by key.
+type ScanPage struct {
+	// Found are the keys the page turned up: unreferenced steps, or step ids
+	// of orphaned raw commands.
+	Found []int64
+	// Next is the cursor to pass for the next page.
+	Next int64
+	// More is false once the end of the table was reached.
+	More bool
+	// Rows is how many rows the page examined.
+	Rows int
+}

@@ -102,6 +102,21 @@ FROM steps s WHERE s.id IN (?)`
 	qClaimSteps = `
 SELECT id FROM steps WHERE id IN (?) ORDER BY id FOR UPDATE SKIP LOCKED`
 
+	// Sweeper: the next batch of steps after a cursor, each with whether
+	// anything refers to it. Bounded per statement (LIMIT on the PRIMARY
+	// key, one step_id index probe per row), however many steps exist or
+	// however few are unreferenced.
+	qScanSteps = `
+SELECT s.id, EXISTS (SELECT 1 FROM id_commands c WHERE c.step_id = s.id)
+FROM steps s WHERE s.id > ? ORDER BY s.id LIMIT ?`
+
+	// Sweeper: raw commands whose step is gone. The foreign key prevents
+	// these; a schema without it (NanoCMD's allows dropping it) does not.
+	qScanStepCommandOwners = `
+SELECT sc.step_id, EXISTS (SELECT 1 FROM steps s WHERE s.id = sc.step_id)
+FROM step_commands sc WHERE sc.step_id > ?
+GROUP BY sc.step_id ORDER BY sc.step_id LIMIT ?`
+
 	// Raw commands go with their step, and first: they hold a foreign key
 	// to it.
 	qDeleteStepCommands = `DELETE FROM step_commands WHERE step_id IN (?)`

@@ -1,0 +1,277 @@
+// Package app wires stepcollect's parts into the two services. cmd/api and
+// cmd/worker only parse configuration, start one of these and stop it on a
+// signal; tests start the same types on free ports.
+package app
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"runtime"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	"github.com/hibiken/asynq"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/rs/zerolog"
+
+	"github.com/stepcollect/stepcollect/collector"
+	"github.com/stepcollect/stepcollect/internal/config"
+	"github.com/stepcollect/stepcollect/internal/logging"
+	"github.com/stepcollect/stepcollect/metrics"
+	stepmysql "github.com/stepcollect/stepcollect/storage/mysql"
+	"github.com/stepcollect/stepcollect/tasks"
+)
+
+// Defaults shared by both binaries (../CONTRACT.md §2).
+const (
+	DefaultMySQLDSN = "root@tcp(127.0.0.1:3306)/stepcollect?parseTime=true"
+	DefaultRedisURL = "redis://127.0.0.1:6379/0"
+)
+
+// WorkerConfig is cmd/worker's configuration.
+type WorkerConfig struct {
+	MySQLDSN      string
+	RedisURL      string
+	Migrate       bool
+	MetricsListen string
+	Concurrency   int
+	SweepInterval time.Duration
+	LogLevel      string
+	LogFormat     string
+	// ShutdownTimeout is how long in-flight tasks get to finish on stop.
+	ShutdownTimeout time.Duration
+	// MySQLMaxConns bounds the pool (default 64).
+	MySQLMaxConns int
+}
+
+// ParseWorkerConfig reads the worker's flags, with environment fallbacks.
+func ParseWorkerConfig(args []string, getenv func(string) string) (WorkerConfig, *config.Set, error) {
+	var c WorkerConfig
+	s := config.New("worker", getenv)
+	dsn := s.String("mysql-dsn", "STEPCOLLECT_MYSQL_DSN", DefaultMySQLDSN, "MySQL/MariaDB DSN (go-sql-driver form)")
+	redis := s.String("redis-url", "STEPCOLLECT_REDIS_URL", DefaultRedisURL, "Redis URL: redis://, rediss:// or redis-sentinel://")
+	migrate := s.Bool("migrate", "STEPCOLLECT_MIGRATE", true, "apply the embedded schema migrations at start")
+	listen := s.String("metrics-listen", "STEPCOLLECT_METRICS_LISTEN", "127.0.0.1:9101", "address for /metrics, /healthz and /readyz")
+	conc := s.Int("concurrency", "STEPCOLLECT_CONCURRENCY", 4*runtime.NumCPU(), "tasks processed at once (collection waits on MySQL, not CPU)")
+	sweep := s.Duration("sweep-interval", "STEPCOLLECT_SWEEP_INTERVAL", 30*time.Second, "time between sweeps across all replicas; 0 disables the sweeper")
+	level := s.String("log-level", "STEPCOLLECT_LOG_LEVEL", "info", "debug, info, warn or error")
+	format := s.String("log-format", "STEPCOLLECT_LOG_FORMAT", "json", "json, or console for people")
+	s.Check(config.MySQLDSN("mysql-dsn", dsn))
+	s.Check(config.RedisURL("redis-url", redis))
+	s.Check(config.ListenAddr("metrics-listen", listen))
+	s.Check(func() error {
+		if *conc < 1 {
+			return fmt.Errorf("-concurrency: %d is less than 1", *conc)
+		}
+		return nil
+	})
+	s.Check(func() error { _, err := logging.New(nil, *level, *format); return err })
+	if err := s.Parse(args); err != nil {
+		return c, s, err
+	}
+	return WorkerConfig{
+		MySQLDSN: *dsn, RedisURL: *redis, Migrate: *migrate, MetricsListen: *listen,
+		Concurrency: *conc, SweepInterval: *sweep, LogLevel: *level, LogFormat: *format,
+		ShutdownTimeout: 8 * time.Second,
+	}, s, nil
+}
+
+// Worker is the asynq server that collects steps, and its sweeper.
+type Worker struct {
+	cfg     WorkerConfig
+	logger  zerolog.Logger
+	db      *sql.DB
+	store   *stepmysql.Storage
+	enq     *tasks.Enqueuer
+	srv     *asynq.Server
+	mux     *asynq.ServeMux
+	sweeper *collector.Sweeper
+	http    *http.Server
+	ln      net.Listener
+}
+
+// NewWorker connects to MySQL (migrating it if configured), prepares the
+// asynq server and binds the metrics listener. Redis need not be up yet.
+func NewWorker(ctx context.Context, cfg WorkerConfig, logger zerolog.Logger) (*Worker, error) {
+	redisOpt, err := asynq.ParseRedisURI(cfg.RedisURL)
+	if err != nil {
+		return nil, fmt.Errorf("-redis-url: %w", err)
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	storeMetrics := metrics.NewStorage(reg)
+	enqMetrics := metrics.NewEnqueue(reg, tasks.TypeCollect, tasks.TypeSweep)
+	sweepMetrics := metrics.NewSweeper(reg)
+	reg.MustRegister(metrics.NewQueueCollector(asynq.NewInspector(tasks.WithFastFailure(redisOpt)), tasks.QueueCollect, tasks.QueueSweep))
+
+	db, store, err := openStorage(ctx, cfg.MySQLDSN, cfg.MySQLMaxConns, cfg.Migrate, logger, stepmysql.WithObserver(storeMetrics))
+	if err != nil {
+		return nil, err
+	}
+
+	enq := tasks.NewEnqueuer(redisOpt, tasks.OnEnqueueFailure(enqMetrics.Failed))
+	w := &Worker{cfg: cfg, logger: logger, db: db, store: store, enq: enq}
+	w.sweeper = collector.NewSweeper(collector.SweeperConfig{Interval: cfg.SweepInterval}, store, enq, sweepMetrics, logger.With().Str("component", "sweeper").Logger())
+
+	w.mux = asynq.NewServeMux()
+	w.mux.Handle(tasks.TypeCollect, collector.NewHandler(store, logger.With().Str("component", "collector").Logger()))
+	w.mux.Handle(tasks.TypeSweep, w.sweeper)
+	asynqLog := logger.With().Str("component", "asynq").Logger()
+	w.srv = asynq.NewServer(redisOpt, asynq.Config{
+		Concurrency:     cfg.Concurrency,
+		Queues:          tasks.Queues(),
+		ShutdownTimeout: cfg.ShutdownTimeout,
+		Logger:          logging.Asynq{L: asynqLog},
+		LogLevel:        asynqLevel(logger.GetLevel()),
+		ErrorHandler: asynq.ErrorHandlerFunc(func(ctx context.Context, t *asynq.Task, err error) {
+			asynqLog.Warn().Err(err).Str("task", t.Type()).Msg("task failed")
+		}),
+		HealthCheckFunc: func(err error) {
+			if err != nil {
+				asynqLog.Warn().Err(err).Msg("redis health check failed")
+			}
+		},
+	})
+
+	w.ln, err = net.Listen("tcp", cfg.MetricsListen)
+	if err != nil {
+		w.close()
+		return nil, fmt.Errorf("-metrics-listen: %w", err)
+	}
+	hm := http.NewServeMux()
+	hm.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	hm.HandleFunc("GET /healthz", func(rw http.ResponseWriter, _ *http.Request) { rw.WriteHeader(http.StatusOK) })
+	hm.HandleFunc("GET /readyz", readyz(db, enq.Ping))
+	w.http = &http.Server{Handler: hm, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
+		WriteTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute}
+	return w, nil
+}
+
+// MetricsAddr is the address /metrics is served on (useful with port 0).
+func (w *Worker) MetricsAddr() string { return w.ln.Addr().String() }
+
+// Storage is the worker's storage.
+func (w *Worker) Storage() *stepmysql.Storage { return w.store }
+
+// Run processes tasks and sweeps until ctx ends, then stops: in-flight tasks
+// get ShutdownTimeout to finish (their context is cancelled after that and
+// asynq hands them back to the queue).
+func (w *Worker) Run(ctx context.Context) error {
+	defer w.close()
+	httpErr := make(chan error, 1)
+	go func() { httpErr <- w.http.Serve(w.ln) }()
+	if err := w.srv.Start(w.mux); err != nil {
+		return fmt.Errorf("starting asynq server: %w", err)
+	}
+	sweepDone := make(chan struct{})
+	go func() {
+		defer close(sweepDone)
+		w.sweeper.Run(ctx)
+	}()
+	w.logger.Info().Str("metrics", "http://"+w.MetricsAddr()+"/metrics").Int("concurrency", w.cfg.Concurrency).
+		Dur("sweep_interval", w.cfg.SweepInterval).Msg("worker started")
+
+	var err error
+	select {
+	case <-ctx.Done():
+	case err = <-httpErr:
+		err = fmt.Errorf("metrics server: %w", err)
+	}
+	w.logger.Info().Msg("worker stopping")
+	w.srv.Shutdown()
+	<-sweepDone
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	w.http.Shutdown(shutdownCtx)
+	w.logger.Info().Msg("worker stopped")
+	return err
+}
+
+func (w *Worker) close() {
+	w.enq.Close()
+	w.db.Close()
+}
+
+// openStorage opens the pool, migrates if asked, and returns the storage.
+func openStorage(ctx context.Context, dsn string, maxConns int, migrate bool, logger zerolog.Logger, opts ...stepmysql.Option) (*sql.DB, *stepmysql.Storage, error) {
+	mysql.SetLogger(mysqlLogger{logger.With().Str("component", "mysql").Logger()})
+	db, err := stepmysql.OpenDB(dsn)
+	if err != nil {
+		return nil, nil, fmt.Errorf("-mysql-dsn: %w", err)
+	}
+	if maxConns <= 0 {
+		maxConns = 64
+	}
+	db.SetMaxOpenConns(maxConns)
+	db.SetMaxIdleConns(maxConns)
+	db.SetConnMaxLifetime(time.Hour)
+	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := db.PingContext(pingCtx); err != nil {
+		db.Close()
+		return nil, nil, fmt.Errorf("mysql (-mysql-dsn): %w", err)
+	}
+	if migrate {
+		mctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+		defer cancel()
+		if err := stepmysql.Migrate(mctx, db); err != nil {
+			db.Close()
+			return nil, nil, err
+		}
+	}
+	opts = append([]stepmysql.Option{stepmysql.WithDB(db), stepmysql.WithLogger(logger.With().Str("component", "storage").Logger()),
+		stepmysql.WithIsolation(sql.LevelReadCommitted)}, opts...)
+	store, err := stepmysql.New(opts...)
+	if err != nil {
+		db.Close()
+		return nil, nil, err
+	}
+	return db, store, nil
+}
+
+// readyz answers 200 when MySQL and Redis answer, else 503 naming the part
+// that does not.
+func readyz(db *sql.DB, pingRedis func() error) http.HandlerFunc {
+	return func(rw http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
+		var failed []error
+		if err := db.PingContext(ctx); err != nil {
+			failed = append(failed, fmt.Errorf("mysql: %w", err))
+		}
+		if err := pingRedis(); err != nil {
+			failed = append(failed, fmt.Errorf("redis: %w", err))
+		}
+		if len(failed) > 0 {
+			http.Error(rw, errors.Join(failed...).Error(), http.StatusServiceUnavailable)
+			return
+		}
+		rw.Write([]byte("ok\n"))
+	}
+}
+
+func asynqLevel(l zerolog.Level) asynq.LogLevel {
+	switch {
+	case l <= zerolog.DebugLevel:
+		return asynq.DebugLevel
+	case l == zerolog.InfoLevel:
+		return asynq.InfoLevel
+	case l == zerolog.WarnLevel:
+		return asynq.WarnLevel
+	default:
+		return asynq.ErrorLevel
+	}
+}
+
+// mysqlLogger routes go-sql-driver's own messages (broken connections) to
+// zerolog instead of the standard logger.
+type mysqlLogger struct{ l zerolog.Logger }
+
+func (m mysqlLogger) Print(v ...any) { m.l.Warn().Msg(fmt.Sprint(v...)) }
+

@@ -1,0 +1,269 @@
+package app_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	nanostorage "github.com/micromdm/nanocmd/engine/storage"
+	"github.com/rs/zerolog"
+
+	"github.com/stepcollect/stepcollect/app"
+	"github.com/stepcollect/stepcollect/internal/scrape"
+	"github.com/stepcollect/stepcollect/internal/testdb"
+	"github.com/stepcollect/stepcollect/internal/testredis"
+	"github.com/stepcollect/stepcollect/storage"
+	stepmysql "github.com/stepcollect/stepcollect/storage/mysql"
+	"github.com/stepcollect/stepcollect/tasks"
+)
+
+// workerBundle is a test database, a private Redis, and a results-side
+// storage that hands unreferenced steps to the queue, as the API does.
+type workerBundle struct {
+	db      *testdb.DB
+	redis   *testredis.Server
+	results *stepmysql.Storage
+	enq     *tasks.Enqueuer
+}
+
+func setupWorker(t *testing.T) *workerBundle {
+	t.Helper()
+	db := testdb.New(t, nil)
+	if err := stepmysql.Migrate(t.Context(), db.DB); err != nil {
+		t.Fatal(err)
+	}
+	rs := testredis.Start(t)
+	redisOpt, err := asynq.ParseRedisURI(rs.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	enq := tasks.NewEnqueuer(redisOpt, tasks.WithCooldown(100*time.Millisecond))
+	t.Cleanup(func() { enq.Close() })
+	results, err := stepmysql.New(stepmysql.WithDB(db.DB), stepmysql.WithCollector(enq),
+		stepmysql.WithIsolation(sql.LevelReadCommitted))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &workerBundle{db: db, redis: rs, results: results, enq: enq}
+}
+
+// startWorker runs an in-process worker replica until the test ends and
+// returns its metrics URL.
+func startWorker(t *testing.T, b *workerBundle, sweep time.Duration) string {
+	t.Helper()
+	cfg := app.WorkerConfig{
+		MySQLDSN: b.db.DSN, RedisURL: b.redis.URL, Migrate: true, MetricsListen: "127.0.0.1:0",
+		Concurrency: 8, SweepInterval: sweep, ShutdownTimeout: 2 * time.Second, MySQLMaxConns: 16,
+	}
+	logger := zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel)
+	ctx, cancel := context.WithCancel(context.Background())
+	w, err := app.NewWorker(ctx, cfg, logger)
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("worker: %v", err)
+		}
+	})
+	return "http://" + w.MetricsAddr() + "/metrics"
+}
+
+type rowCounts struct{ steps, idCommands, stepCommands int }
+
+func countRows(t *testing.T, db *sql.DB) rowCounts {
+	t.Helper()
+	var c rowCounts
+	err := db.QueryRow(`SELECT (SELECT COUNT(*) FROM steps), (SELECT COUNT(*) FROM id_commands), (SELECT COUNT(*) FROM step_commands)`).
+		Scan(&c.steps, &c.idCommands, &c.stepCommands)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// awaitEmpty waits, polling, until the step tables are empty or within is
+// up; it returns how long it took and whether they emptied.
+func awaitEmpty(t *testing.T, db *sql.DB, within time.Duration) (time.Duration, bool) {
+	t.Helper()
+	start := time.Now()
+	for {
+		if countRows(t, db) == (rowCounts{}) {
+			return time.Since(start), true
+		}
+		if time.Since(start) > within {
+			return time.Since(start), false
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func fanOut(prefix string, n int) *nanostorage.StepEnqueuingWithConfig {
+	st := &nanostorage.StepEnqueuingWithConfig{}
+	st.WorkflowName, st.InstanceID, st.Name = "io.stepcollect.test", prefix, "step"
+	for i := range n {
+		st.IDs = append(st.IDs, fmt.Sprintf("%s-ID-%05d", prefix, i))
+	}
+	st.Commands = []nanostorage.StepCommandRaw{{CommandUUID: prefix + "-UUID", RequestType: "DeviceInformation", Command: []byte("<plist/>")}}
+	return st
+}
+
+// reportAll sends every enrollment's result at the same moment and fails the
+// test on any error or any enrollment not completed.
+func reportAll(t *testing.T, s *stepmysql.Storage, st *nanostorage.StepEnqueuingWithConfig) {
+	t.Helper()
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var errs []error
+	release := make(chan struct{})
+	for _, id := range st.IDs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-release
+			r, err := s.StoreCommandResponseAndRetrieveCompletedStep(context.Background(), id, &nanostorage.StepCommandResult{
+				CommandUUID: st.Commands[0].CommandUUID, Completed: true, ResultReport: []byte("<plist/>")})
+			if err == nil && r == nil {
+				err = fmt.Errorf("%s: not completed", id)
+			}
+			if err != nil {
+				mu.Lock()
+				errs = append(errs, err)
+				mu.Unlock()
+			}
+		}()
+	}
+	close(release)
+	wg.Wait()
+	for _, err := range errs {
+		t.Error(err)
+	}
+}
+
+// With the sweeper off, the queue alone must collect every step: the
+// dedup must never swallow the enqueue that mattered. Twenty rounds, so a
+// rare race between a finishing task and a rejected duplicate shows.
+func TestFanOutOf300CollectedThroughTheQueueWithTheSweeperOff(t *testing.T) {
+	b := setupWorker(t)
+	metricsURL := startWorker(t, b, 0)
+	for round := range 20 {
+		st := fanOut(fmt.Sprintf("r%02d", round), 300)
+		if err := b.results.StoreStep(t.Context(), st, time.Now()); err != nil {
+			t.Fatal(err)
+		}
+		reportAll(t, b.results, st)
+		if took, ok := awaitEmpty(t, b.db.DB, 10*time.Second); !ok {
+			t.Fatalf("round %d: not collected after %v: %+v", round, took, countRows(t, b.db.DB))
+		}
+	}
+	fams, err := scrape.Families(metricsURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := scrape.Value(fams, "stepcollect_steps_collected_total"); got != 20 {
+		t.Errorf("worker collected %v steps, want 20", got)
+	}
+	if got := scrape.Value(fams, "stepcollect_sweeps_total"); got != 0 {
+		t.Errorf("%v sweeps ran with the sweeper off", got)
+	}
+	if got := scrape.Value(fams, "stepcollect_collection_lag_seconds"); got != 20 {
+		t.Errorf("lag observed for %v steps, want 20", got)
+	}
+}
+
+// Redis dies while results are being committed: every result must still be
+// committed, and once Redis is back the sweeper collects everything within
+// about one interval.
+func TestRedisKilledDuringCommitsThenTheSweeperCollectsAfterItReturns(t *testing.T) {
+	b := setupWorker(t)
+	const interval = 2 * time.Second
+	startWorker(t, b, interval)
+
+	b.redis.Kill()
+	for i := range 3 {
+		st := fanOut(fmt.Sprintf("down%d", i), 100)
+		if err := b.results.StoreStep(t.Context(), st, time.Now()); err != nil {
+			t.Fatal(err)
+		}
+		reportAll(t, b.results, st) // no error: a hand-off failure never fails a result
+	}
+	if c := countRows(t, b.db.DB); c != (rowCounts{steps: 3}) {
+		t.Fatalf("with Redis down: %+v, want the 3 unreferenced steps and nothing else", c)
+	}
+
+	b.redis.Restart()
+	// one interval, plus asynq's reconnect and poll, which are about a second each
+	took, ok := awaitEmpty(t, b.db.DB, interval+5*time.Second)
+	if !ok {
+		t.Fatalf("not collected %v after Redis returned: %+v", took, countRows(t, b.db.DB))
+	}
+	t.Logf("collected %v after Redis returned (sweep interval %v)", took, interval)
+}
+
+// Two replicas with the sweeper on: each unreferenced step is deleted once,
+// and one sweep runs per interval, not one per replica.
+func TestTwoReplicasDeleteEachStepOnceAndSweepOncePerInterval(t *testing.T) {
+	b := setupWorker(t)
+	const interval = time.Second
+
+	// 100 steps whose hand-off was lost, for the sweepers to find
+	lost, err := stepmysql.New(stepmysql.WithDB(b.db.DB), stepmysql.WithCollector(dropCollector{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 100 {
+		st := fanOut(fmt.Sprintf("lost%03d", i), 2)
+		if err := lost.StoreStep(t.Context(), st, time.Now()); err != nil {
+			t.Fatal(err)
+		}
+		reportAll(t, lost, st)
+	}
+
+	start := time.Now()
+	urls := []string{startWorker(t, b, interval), startWorker(t, b, interval)}
+	// and 20 more through the queue while both run
+	for i := range 20 {
+		st := fanOut(fmt.Sprintf("live%02d", i), 20)
+		if err := b.results.StoreStep(t.Context(), st, time.Now()); err != nil {
+			t.Fatal(err)
+		}
+		reportAll(t, b.results, st)
+	}
+	if took, ok := awaitEmpty(t, b.db.DB, 10*time.Second); !ok {
+		t.Fatalf("not collected after %v: %+v", took, countRows(t, b.db.DB))
+	}
+	time.Sleep(3 * interval) // let a few more slots pass with both replicas up
+	elapsed := time.Since(start)
+
+	var collected, sweeps float64
+	for _, u := range urls {
+		fams, err := scrape.Families(u)
+		if err != nil {
+			t.Fatal(err)
+		}
+		collected += scrape.Value(fams, "stepcollect_steps_collected_total")
+		sweeps += scrape.Value(fams, "stepcollect_sweeps_total")
+	}
+	if collected != 120 {
+		t.Errorf("steps deleted across replicas: %v, want each of the 120 exactly once", collected)
+	}
+	slots := float64(elapsed/interval) + 1
+	if sweeps > slots || sweeps < 2 {
+		t.Errorf("%v sweeps across 2 replicas in %v: want one per %v slot (at most %v)", sweeps, elapsed, interval, slots)
+	}
+	t.Logf("%v sweeps in %v (%v slots)", sweeps, elapsed.Round(time.Millisecond), slots)
+}
+
+// dropCollector loses every hand-off, as a process killed between commit
+// and enqueue would.
+type dropCollector struct{}
+
+func (dropCollector) CollectSteps(context.Context, []storage.UnreferencedStep) error { return nil }

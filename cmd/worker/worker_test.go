@@ -1,0 +1,212 @@
+package main_test
+
+import (
+	"database/sql"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	nanostorage "github.com/micromdm/nanocmd/engine/storage"
+
+	"github.com/stepcollect/stepcollect/internal/testdb"
+	"github.com/stepcollect/stepcollect/internal/testredis"
+	stepmysql "github.com/stepcollect/stepcollect/storage/mysql"
+	"github.com/stepcollect/stepcollect/tasks"
+)
+
+var workerBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "stepcollect-worker-test")
+	if err != nil {
+		panic(err)
+	}
+	workerBin = filepath.Join(dir, "worker")
+	if out, err := exec.Command("go", "build", "-race", "-o", workerBin, ".").CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "building cmd/worker: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// workerProc is the real cmd/worker binary, run as its own process.
+type workerProc struct {
+	cmd  *exec.Cmd
+	logs *strings.Builder
+}
+
+func startWorkerProc(t *testing.T, dsn, redisURL string, sweep time.Duration) *workerProc {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	cmd := exec.Command(workerBin, "-concurrency", "4", "-log-level", "warn")
+	cmd.Env = append(os.Environ(),
+		"STEPCOLLECT_MYSQL_DSN="+dsn, "STEPCOLLECT_REDIS_URL="+redisURL,
+		"STEPCOLLECT_METRICS_LISTEN="+addr, "STEPCOLLECT_SWEEP_INTERVAL="+sweep.String())
+	logs := &strings.Builder{}
+	cmd.Stdout, cmd.Stderr = logs, logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &workerProc{cmd: cmd, logs: logs}
+	t.Cleanup(func() {
+		if p.cmd.ProcessState == nil {
+			p.cmd.Process.Kill()
+			p.cmd.Wait()
+		}
+	})
+	return p
+}
+
+func countSteps(t *testing.T, db *sql.DB) int {
+	t.Helper()
+	var n int
+	if err := db.QueryRow(`SELECT (SELECT COUNT(*) FROM steps) + (SELECT COUNT(*) FROM id_commands) + (SELECT COUNT(*) FROM step_commands)`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// A worker killed with SIGKILL in the middle of collecting leaves tasks
+// "active" in Redis that asynq only hands back after their lease expires
+// and its recoverer runs, a minute or two later. The restarted worker's
+// sweeper collects their steps long before that.
+func TestWorkerKilledMidBatchAndRestartedCollectsEverything(t *testing.T) {
+	db := testdb.New(t, nil)
+	ctx := t.Context()
+	if err := stepmysql.Migrate(ctx, db.DB); err != nil {
+		t.Fatal(err)
+	}
+	rs := testredis.Start(t)
+	redisOpt, _ := asynq.ParseRedisURI(rs.URL)
+	enq := tasks.NewEnqueuer(redisOpt)
+	defer enq.Close()
+	results, err := stepmysql.New(stepmysql.WithDB(db.DB), stepmysql.WithCollector(enq))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	const steps = 1500
+	var ids []string
+	for i := range steps {
+		st := &nanostorage.StepEnqueuingWithConfig{}
+		st.WorkflowName, st.InstanceID = "io.stepcollect.kill", fmt.Sprint(i)
+		st.IDs = []string{fmt.Sprintf("KILL-%05d", i)}
+		st.Commands = []nanostorage.StepCommandRaw{{CommandUUID: fmt.Sprintf("KILL-UUID-%05d", i), RequestType: "DeviceInformation"}}
+		if err := results.StoreStep(ctx, st, time.Now()); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, st.IDs[0])
+	}
+	const sweep = 2 * time.Second
+	w := startWorkerProc(t, db.DSN, rs.URL, sweep)
+
+	// every result at once: 1500 collect tasks for the worker
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 32)
+	for i, id := range ids {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			r, err := results.StoreCommandResponseAndRetrieveCompletedStep(ctx, id, &nanostorage.StepCommandResult{
+				CommandUUID: fmt.Sprintf("KILL-UUID-%05d", i), Completed: true, ResultReport: []byte("<plist/>")})
+			if err != nil || r == nil {
+				t.Errorf("%s: %v, %v", id, r, err)
+			}
+		}()
+	}
+	wg.Wait()
+
+	// kill it once it is visibly part-way through
+	deadline := time.Now().Add(30 * time.Second)
+	for left := countSteps(t, db.DB); left == steps || left == 0; left = countSteps(t, db.DB) {
+		if left == 0 {
+			t.Fatal("the worker collected everything before it could be killed; raise steps")
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the worker collected nothing in 30s:\n%s", w.logs)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	w.cmd.Process.Signal(syscall.SIGKILL)
+	w.cmd.Wait()
+	left := countSteps(t, db.DB)
+	insp := asynq.NewInspector(redisOpt)
+	defer insp.Close()
+	active, _ := insp.ListActiveTasks(tasks.QueueCollect)
+	pending, _ := insp.ListPendingTasks(tasks.QueueCollect, asynq.PageSize(10000))
+	t.Logf("killed with %d steps left, %d tasks orphaned active, %d pending", left, len(active), len(pending))
+
+	restarted := time.Now()
+	startWorkerProc(t, db.DSN, rs.URL, sweep)
+	for countSteps(t, db.DB) > 0 {
+		// the lease-based recovery alone would take over a minute; the
+		// sweeper must do it within a few intervals
+		if time.Since(restarted) > 10*sweep {
+			t.Fatalf("%d steps still uncollected %v after restart", countSteps(t, db.DB), time.Since(restarted))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Logf("everything collected %v after the restart", time.Since(restarted).Round(time.Millisecond))
+}
+
+func TestWorkerStopsCleanlyOnSIGTERM(t *testing.T) {
+	db := testdb.New(t, nil)
+	rs := testredis.Start(t)
+	w := startWorkerProc(t, db.DSN, rs.URL, time.Second)
+	time.Sleep(1500 * time.Millisecond) // let it start and sweep once
+	start := time.Now()
+	w.cmd.Process.Signal(syscall.SIGTERM)
+	err := w.cmd.Wait()
+	if err != nil {
+		t.Fatalf("worker exited with %v on SIGTERM:\n%s", err, w.logs)
+	}
+	if took := time.Since(start); took > 15*time.Second {
+		t.Errorf("stopping took %v, past asynq's shutdown timeout", took)
+	}
+}
+
+func TestWorkerRejectsABadFlagInOneLineNamingIt(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		env  string
+		want string
+	}{
+		{[]string{"-sweep-interval", "soon"}, "", `-sweep-interval`},
+		{[]string{"-mysql-dsn", "nonsense"}, "", "-mysql-dsn: "},
+		{[]string{"-redis-url", "http://example"}, "", "-redis-url: "},
+		{nil, "STEPCOLLECT_SWEEP_INTERVAL=zz", "-sweep-interval: STEPCOLLECT_SWEEP_INTERVAL=\"zz\""},
+		{[]string{"-metrics-listen", "nowhere"}, "", "-metrics-listen: "},
+	} {
+		cmd := exec.Command(workerBin, tc.args...)
+		cmd.Env = os.Environ()
+		if tc.env != "" {
+			cmd.Env = append(cmd.Env, tc.env)
+		}
+		out, err := cmd.CombinedOutput()
+		if err == nil {
+			t.Errorf("%v %s: started", tc.args, tc.env)
+			continue
+		}
+		line := strings.TrimSpace(string(out))
+		if strings.Count(line, "\n") > 0 || !strings.Contains(line, tc.want) {
+			t.Errorf("%v %s: said %q, want one line containing %q", tc.args, tc.env, line, tc.want)
+		}
+	}
+}

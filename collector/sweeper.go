@@ -1,0 +1,186 @@
+package collector
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/rs/zerolog"
+
+	"github.com/stepcollect/stepcollect/metrics"
+	"github.com/stepcollect/stepcollect/storage"
+	"github.com/stepcollect/stepcollect/tasks"
+)
+
+// SweepStore is what the sweeper needs of the storage.
+type SweepStore interface {
+	Store
+	ScanUnreferencedSteps(ctx context.Context, after int64, limit int) (storage.ScanPage, error)
+	ScanOrphanedStepCommands(ctx context.Context, after int64, limit int) (storage.ScanPage, error)
+	DeleteOrphanedStepCommands(ctx context.Context, stepIDs []int64) (int64, error)
+}
+
+// SweepEnqueuer puts a slot's sweep task on the queue.
+type SweepEnqueuer interface {
+	EnqueueSweep(ctx context.Context, slot time.Time, interval time.Duration) error
+}
+
+// SweeperConfig configures a Sweeper.
+type SweeperConfig struct {
+	// Interval between sweeps, across all replicas. Zero disables the
+	// ticker (a sweep task that arrives is still processed).
+	Interval time.Duration
+	// BatchSize is the rows examined by one statement. Default 1000.
+	BatchSize int
+	// RetryEvery is how often a replica retries a slot's enqueue that
+	// failed (Redis down). Default 1s.
+	RetryEvery time.Duration
+}
+
+// Sweeper finds and collects what a lost enqueue left: unreferenced steps,
+// and raw commands whose step is gone. It pages through the tables by key
+// in bounded batches, so no statement scans a table, and it is safe with
+// any number of replicas: see the tasks package for why exactly one sweep
+// runs per interval.
+type Sweeper struct {
+	cfg     SweeperConfig
+	store   SweepStore
+	enq     SweepEnqueuer
+	metrics *metrics.Sweeper
+	logger  zerolog.Logger
+}
+
+// NewSweeper returns a Sweeper.
+func NewSweeper(cfg SweeperConfig, store SweepStore, enq SweepEnqueuer, m *metrics.Sweeper, logger zerolog.Logger) *Sweeper {
+	if cfg.BatchSize <= 0 {
+		cfg.BatchSize = 1000
+	}
+	if cfg.RetryEvery <= 0 {
+		cfg.RetryEvery = time.Second
+	}
+	return &Sweeper{cfg: cfg, store: store, enq: enq, metrics: m, logger: logger}
+}
+
+// SweepResult is what one sweep found and did.
+type SweepResult struct {
+	Examined             int // steps looked at
+	Unreferenced         int // of those, nothing referred to
+	Collected            int // of those, deleted by this sweep
+	OrphanedStepCommands int64
+}
+
+// ProcessTask implements asynq.Handler for sweep tasks.
+func (s *Sweeper) ProcessTask(ctx context.Context, t *asynq.Task) error {
+	p, err := tasks.ParseSweep(t)
+	if err != nil {
+		s.logger.Error().Err(err).Msg("unreadable sweep task")
+		return err
+	}
+	start := time.Now()
+	res, err := s.Sweep(ctx)
+	s.metrics.SweepDurationSeconds.Observe(time.Since(start).Seconds())
+	ev := s.logger.Info()
+	if err != nil {
+		s.metrics.Sweeps.WithLabelValues("error").Inc()
+		ev = s.logger.Warn().Err(err)
+	} else {
+		s.metrics.Sweeps.WithLabelValues("ok").Inc()
+	}
+	ev.Time("slot", p.Slot).Int("examined", res.Examined).Int("unreferenced", res.Unreferenced).
+		Int("collected", res.Collected).Int64("orphaned_step_commands", res.OrphanedStepCommands).
+		Dur("took", time.Since(start)).Msg("sweep")
+	return err
+}
+
+// Sweep pages through the steps table once, collecting every unreferenced
+// step it finds, then through the raw commands for orphans. It sets
+// stepcollect_uncollected_steps to what it found unreferenced.
+func (s *Sweeper) Sweep(ctx context.Context) (SweepResult, error) {
+	var res SweepResult
+	for page, cursor := (storage.ScanPage{More: true}), int64(0); page.More; cursor = page.Next {
+		var err error
+		page, err = s.store.ScanUnreferencedSteps(ctx, cursor, s.cfg.BatchSize)
+		if err != nil {
+			return res, err
+		}
+		res.Examined += page.Rows
+		if len(page.Found) == 0 {
+			continue
+		}
+		res.Unreferenced += len(page.Found)
+		steps := make([]storage.UnreferencedStep, len(page.Found))
+		for i, id := range page.Found {
+			// when it became unreferenced is not known here; the lag
+			// histogram only counts steps whose hand-off carried it
+			steps[i] = storage.UnreferencedStep{ID: id}
+		}
+		cr, err := s.store.Collect(ctx, steps)
+		res.Collected += cr[storage.CollectCollected]
+		if err != nil {
+			return res, err
+		}
+	}
+	s.metrics.UncollectedSteps.Set(float64(res.Unreferenced))
+
+	for page, cursor := (storage.ScanPage{More: true}), int64(0); page.More; cursor = page.Next {
+		var err error
+		page, err = s.store.ScanOrphanedStepCommands(ctx, cursor, s.cfg.BatchSize)
+		if err != nil {
+			return res, err
+		}
+		if len(page.Found) > 0 {
+			n, err := s.store.DeleteOrphanedStepCommands(ctx, page.Found)
+			res.OrphanedStepCommands += n
+			s.metrics.OrphanedStepCommands.Add(float64(n))
+			if err != nil {
+				return res, err
+			}
+		}
+	}
+	return res, nil
+}
+
+// Run enqueues one sweep per interval slot until ctx ends. Ticks are aligned
+// to multiples of the interval, so every replica asks for the same slot's
+// TaskID and only one sweep runs per slot. A failed enqueue is retried
+// within its slot, so a sweep runs as soon as Redis is back.
+func (s *Sweeper) Run(ctx context.Context) error {
+	if s.cfg.Interval <= 0 {
+		s.logger.Info().Msg("sweeper disabled (-sweep-interval 0)")
+		<-ctx.Done()
+		return nil
+	}
+	iv := s.cfg.Interval
+	for {
+		slot := time.Now().Truncate(iv)
+		for {
+			err := s.enq.EnqueueSweep(ctx, slot, iv)
+			if err == nil {
+				break
+			}
+			s.logger.Warn().Err(err).Time("slot", slot).Msg("enqueueing sweep; retrying within the slot")
+			next := time.Now().Add(s.cfg.RetryEvery)
+			if !next.Before(slot.Add(iv)) {
+				break // the next slot's sweep takes over
+			}
+			if err := sleepUntil(ctx, next); err != nil {
+				return nil
+			}
+		}
+		if err := sleepUntil(ctx, slot.Add(iv)); err != nil {
+			return nil
+		}
+	}
+}
+
+func sleepUntil(ctx context.Context, t time.Time) error {
+	timer := time.NewTimer(time.Until(t))
+	defer timer.Stop()
+	select {
+	case <-ctx.Done():
+		return fmt.Errorf("sweeper: %w", ctx.Err())
+	case <-timer.C:
+		return nil
+	}
+}

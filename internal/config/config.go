@@ -1,0 +1,174 @@
+// Package config reads the binaries' flags, each with an environment
+// fallback: the environment sets the default, a flag on the command line
+// wins. A bad value stops the binary with one line naming the flag.
+package config
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"strconv"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	"github.com/hibiken/asynq"
+)
+
+// Set is a flag set with environment fallbacks.
+type Set struct {
+	fs     *flag.FlagSet
+	getenv func(string) string
+	errs   []error
+	checks []func() error
+}
+
+// New returns a Set for the binary name, reading the environment through
+// getenv (os.Getenv in the binaries, a map in tests).
+func New(name string, getenv func(string) string) *Set {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	return &Set{fs: fs, getenv: getenv}
+}
+
+func (s *Set) usage(name, env, usage string) string {
+	return fmt.Sprintf("%s (env %s)", usage, env)
+}
+
+// String defines a string flag.
+func (s *Set) String(name, env, def, usage string) *string {
+	if v := s.getenv(env); v != "" {
+		def = v
+	}
+	return s.fs.String(name, def, s.usage(name, env, usage))
+}
+
+// Bool defines a boolean flag.
+func (s *Set) Bool(name, env string, def bool, usage string) *bool {
+	if v := s.getenv(env); v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			s.errs = append(s.errs, fmt.Errorf("-%s: %s=%q is not true or false", name, env, v))
+		} else {
+			def = b
+		}
+	}
+	return s.fs.Bool(name, def, s.usage(name, env, usage))
+}
+
+// Int defines an integer flag.
+func (s *Set) Int(name, env string, def int, usage string) *int {
+	if v := s.getenv(env); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			s.errs = append(s.errs, fmt.Errorf("-%s: %s=%q is not a whole number", name, env, v))
+		} else {
+			def = n
+		}
+	}
+	return s.fs.Int(name, def, s.usage(name, env, usage))
+}
+
+// Duration defines a duration flag ("30s", "2m"; "0" where zero means off).
+func (s *Set) Duration(name, env string, def time.Duration, usage string) *time.Duration {
+	if v := s.getenv(env); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			s.errs = append(s.errs, fmt.Errorf("-%s: %s=%q is not a duration (like 30s or 2m)", name, env, v))
+		} else {
+			def = d
+		}
+	}
+	p := s.fs.Duration(name, def, s.usage(name, env, usage))
+	s.Check(func() error {
+		if *p < 0 {
+			return fmt.Errorf("-%s: %v is negative", name, *p)
+		}
+		return nil
+	})
+	return p
+}
+
+// Check adds a validation run after parsing.
+func (s *Set) Check(f func() error) { s.checks = append(s.checks, f) }
+
+// Parse parses args and runs the checks. It returns the first problem, in
+// one line naming the flag; flag.ErrHelp for -h.
+func (s *Set) Parse(args []string) error {
+	if err := s.fs.Parse(args); err != nil {
+		return err
+	}
+	if s.fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q", s.fs.Arg(0))
+	}
+	if len(s.errs) > 0 {
+		return s.errs[0]
+	}
+	for _, c := range s.checks {
+		if err := c(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Usage writes the flags and their defaults to w.
+func (s *Set) Usage(w io.Writer) {
+	s.fs.SetOutput(w)
+	fmt.Fprintf(w, "Usage of %s:\n", s.fs.Name())
+	s.fs.PrintDefaults()
+	s.fs.SetOutput(io.Discard)
+}
+
+// IsHelp reports whether err is the -h/-help request.
+func IsHelp(err error) bool { return errors.Is(err, flag.ErrHelp) }
+
+// MySQLDSN checks a go-sql-driver DSN.
+func MySQLDSN(flagName string, dsn *string) func() error {
+	return func() error {
+		cfg, err := mysql.ParseDSN(*dsn)
+		if err != nil {
+			return fmt.Errorf("-%s: %v", flagName, err)
+		}
+		if cfg.DBName == "" {
+			return fmt.Errorf("-%s: names no database (…/dbname?…)", flagName)
+		}
+		return nil
+	}
+}
+
+// RedisURL checks a redis://, rediss:// or redis-sentinel:// URL.
+func RedisURL(flagName string, u *string) func() error {
+	return func() error {
+		if _, err := asynq.ParseRedisURI(*u); err != nil {
+			return fmt.Errorf("-%s: %v", flagName, err)
+		}
+		return nil
+	}
+}
+
+// ListenAddr checks a host:port to listen on.
+func ListenAddr(flagName string, addr *string) func() error {
+	return func() error {
+		if _, _, err := net.SplitHostPort(*addr); err != nil {
+			return fmt.Errorf("-%s: %v", flagName, err)
+		}
+		return nil
+	}
+}
+
+// HTTPURL checks an optional http(s) URL.
+func HTTPURL(flagName string, u *string) func() error {
+	return func() error {
+		if *u == "" {
+			return nil
+		}
+		p, err := url.Parse(*u)
+		if err != nil || (p.Scheme != "http" && p.Scheme != "https") || p.Host == "" {
+			return fmt.Errorf("-%s: %q is not an http(s) URL", flagName, *u)
+		}
+		return nil
+	}
+}

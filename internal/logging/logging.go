@@ -1,0 +1,37 @@
+// Package logging builds the binaries' zerolog logger.
+package logging
+
+import (
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+// New returns a logger writing to w at level ("debug", "info", "warn",
+// "error") in format ("json", or "console" for people).
+func New(w io.Writer, level, format string) (zerolog.Logger, error) {
+	lvl, err := zerolog.ParseLevel(level)
+	if err != nil || level == "" {
+		return zerolog.Nop(), fmt.Errorf("-log-level: %q is not one of debug, info, warn, error", level)
+	}
+	switch format {
+	case "json":
+	case "console":
+		w = zerolog.ConsoleWriter{Out: w, TimeFormat: time.TimeOnly}
+	default:
+		return zerolog.Nop(), fmt.Errorf("-log-format: %q is not json or console", format)
+	}
+	zerolog.TimeFieldFormat = time.RFC3339Nano
+	return zerolog.New(w).Level(lvl).With().Timestamp().Logger(), nil
+}
+
+// Asynq adapts a zerolog logger to asynq's Logger.
+type Asynq struct{ L zerolog.Logger }
+
+func (a Asynq) Debug(args ...any) { a.L.Debug().Msg(fmt.Sprint(args...)) }
+func (a Asynq) Info(args ...any)  { a.L.Info().Msg(fmt.Sprint(args...)) }
+func (a Asynq) Warn(args ...any)  { a.L.Warn().Msg(fmt.Sprint(args...)) }
+func (a Asynq) Error(args ...any) { a.L.Error().Msg(fmt.Sprint(args...)) }
+func (a Asynq) Fatal(args ...any) { a.L.Fatal().Msg(fmt.Sprint(args...)) }

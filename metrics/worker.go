@@ -1,0 +1,64 @@
+package metrics
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Sweeper holds the sweeper's metrics.
+type Sweeper struct {
+	UncollectedSteps     prometheus.Gauge
+	Sweeps               *prometheus.CounterVec
+	OrphanedStepCommands prometheus.Counter
+	SweepDurationSeconds prometheus.Histogram
+}
+
+// NewSweeper creates the sweeper metrics and registers them with reg.
+func NewSweeper(reg prometheus.Registerer) *Sweeper {
+	m := &Sweeper{
+		UncollectedSteps: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: Namespace,
+			Name:      "uncollected_steps",
+			Help:      "Unreferenced steps still present, as the last sweep saw them (before collecting them).",
+		}),
+		Sweeps: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace,
+			Name:      "sweeps_total",
+			Help:      "Sweeps run by this replica, by outcome (ok, error). Across replicas, one per interval.",
+		}, []string{"outcome"}),
+		OrphanedStepCommands: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: Namespace,
+			Name:      "orphaned_step_commands_deleted_total",
+			Help:      "Raw commands deleted by the sweeper because their step was gone (only possible without the foreign key).",
+		}),
+		SweepDurationSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: Namespace,
+			Name:      "sweep_duration_seconds",
+			Help:      "How long one sweep took.",
+			Buckets:   prometheus.ExponentialBuckets(0.005, 3, 10),
+		}),
+	}
+	m.Sweeps.WithLabelValues("ok")
+	m.Sweeps.WithLabelValues("error")
+	reg.MustRegister(m.UncollectedSteps, m.Sweeps, m.OrphanedStepCommands, m.SweepDurationSeconds)
+	return m
+}
+
+// Enqueue holds the metrics of putting tasks on the queue.
+type Enqueue struct {
+	Failures *prometheus.CounterVec
+}
+
+// NewEnqueue creates the enqueue metrics and registers them with reg.
+func NewEnqueue(reg prometheus.Registerer, taskTypes ...string) *Enqueue {
+	m := &Enqueue{Failures: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace,
+		Name:      "enqueue_failures_total",
+		Help:      "Tasks that could not be enqueued after a commit (Redis down); the sweeper will find the work.",
+	}, []string{"task"})}
+	for _, t := range taskTypes {
+		m.Failures.WithLabelValues(t)
+	}
+	reg.MustRegister(m.Failures)
+	return m
+}
+
+// Failed counts one failed enqueue of task.
+func (m *Enqueue) Failed(task string) { m.Failures.WithLabelValues(task).Inc() }

@@ -1,0 +1,141 @@
+package tasks
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/stepcollect/stepcollect/storage"
+)
+
+// Enqueuer puts stepcollect's tasks on the queue. It is the storage's
+// Collector in the API and the sweep ticker's way in.
+//
+// It never lets Redis hold up its caller for long: each enqueue has a short
+// deadline, and after a failure further enqueues fail at once for a moment
+// (the sweeper finds whatever they would have carried), so a Redis outage
+// costs the MDM-facing path almost nothing.
+type Enqueuer struct {
+	client   *asynq.Client
+	onFail   func(task string)
+	timeout  time.Duration
+	cooldown time.Duration
+
+	mu        sync.Mutex
+	downUntil time.Time
+}
+
+// ErrRedisCoolingDown is returned while the enqueuer is not trying Redis
+// after a recent failure.
+var ErrRedisCoolingDown = errors.New("redis unavailable a moment ago; not retrying yet (the sweeper will find the work)")
+
+var _ storage.Collector = (*Enqueuer)(nil)
+
+// EnqueuerOption configures an Enqueuer.
+type EnqueuerOption func(*Enqueuer)
+
+// OnEnqueueFailure is called with the task type each time an enqueue
+// fails (stepcollect_enqueue_failures_total{task}).
+func OnEnqueueFailure(f func(task string)) EnqueuerOption {
+	return func(e *Enqueuer) { e.onFail = f }
+}
+
+// WithEnqueueTimeout bounds one enqueue. Default 1s.
+func WithEnqueueTimeout(d time.Duration) EnqueuerOption { return func(e *Enqueuer) { e.timeout = d } }
+
+// WithCooldown is how long enqueues fail fast after a failure. Default 1s.
+func WithCooldown(d time.Duration) EnqueuerOption { return func(e *Enqueuer) { e.cooldown = d } }
+
+// NewEnqueuer returns an Enqueuer on Redis r.
+func NewEnqueuer(r asynq.RedisConnOpt, opts ...EnqueuerOption) *Enqueuer {
+	e := &Enqueuer{
+		client:   asynq.NewClient(WithFastFailure(r)),
+		onFail:   func(string) {},
+		timeout:  time.Second,
+		cooldown: time.Second,
+	}
+	for _, o := range opts {
+		o(e)
+	}
+	return e
+}
+
+// Close closes the Redis client.
+func (e *Enqueuer) Close() error { return e.client.Close() }
+
+// Ping checks Redis.
+func (e *Enqueuer) Ping() error { return e.client.Ping() }
+
+// CollectSteps enqueues one collect task for steps. It implements
+// storage.Collector. A TaskID conflict is success: see the package doc.
+func (e *Enqueuer) CollectSteps(ctx context.Context, steps []storage.UnreferencedStep) error {
+	if len(steps) == 0 {
+		return nil
+	}
+	t, opts, err := NewCollectTask(steps)
+	if err != nil {
+		return err
+	}
+	return e.enqueue(ctx, t, opts)
+}
+
+// EnqueueSweep enqueues the sweep of the slot starting at slot. Another
+// replica having done so already is success.
+func (e *Enqueuer) EnqueueSweep(ctx context.Context, slot time.Time, interval time.Duration) error {
+	t, opts, err := NewSweepTask(slot, interval)
+	if err != nil {
+		return err
+	}
+	return e.enqueue(ctx, t, opts)
+}
+
+func (e *Enqueuer) enqueue(ctx context.Context, t *asynq.Task, opts []asynq.Option) error {
+	e.mu.Lock()
+	cooling := time.Now().Before(e.downUntil)
+	e.mu.Unlock()
+	if cooling {
+		e.onFail(t.Type())
+		return fmt.Errorf("enqueue %s: %w", t.Type(), ErrRedisCoolingDown)
+	}
+	ctx, cancel := context.WithTimeout(ctx, e.timeout)
+	defer cancel()
+	_, err := e.client.EnqueueContext(ctx, t, opts...)
+	if err == nil || errors.Is(err, asynq.ErrTaskIDConflict) || errors.Is(err, asynq.ErrDuplicateTask) {
+		return nil
+	}
+	e.onFail(t.Type())
+	e.mu.Lock()
+	e.downUntil = time.Now().Add(e.cooldown)
+	e.mu.Unlock()
+	return fmt.Errorf("enqueue %s: %w", t.Type(), err)
+}
+
+// WithFastFailure shortens a Redis connection's timeouts where they were
+// left at go-redis's defaults (5 s dial, 3 retries), which would otherwise
+// hold a webhook request for seconds when Redis is down.
+func WithFastFailure(r asynq.RedisConnOpt) asynq.RedisConnOpt {
+	switch o := r.(type) {
+	case asynq.RedisClientOpt:
+		o.DialTimeout = orDefault(o.DialTimeout, 500*time.Millisecond)
+		o.ReadTimeout = orDefault(o.ReadTimeout, time.Second)
+		o.WriteTimeout = orDefault(o.WriteTimeout, time.Second)
+		return o
+	case asynq.RedisFailoverClientOpt:
+		o.DialTimeout = orDefault(o.DialTimeout, 500*time.Millisecond)
+		o.ReadTimeout = orDefault(o.ReadTimeout, time.Second)
+		o.WriteTimeout = orDefault(o.WriteTimeout, time.Second)
+		return o
+	}
+	return r
+}
+
+func orDefault(d, def time.Duration) time.Duration {
+	if d == 0 {
+		return def
+	}
+	return d
+}

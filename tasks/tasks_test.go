@@ -1,0 +1,79 @@
+package tasks_test
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/stepcollect/stepcollect/internal/testredis"
+	"github.com/stepcollect/stepcollect/storage"
+	"github.com/stepcollect/stepcollect/tasks"
+)
+
+func TestCollectPayloadRoundTripsWithItsVersion(t *testing.T) {
+	at := time.Date(2026, 11, 29, 10, 0, 0, 0, time.UTC)
+	task, _, err := tasks.NewCollectTask([]storage.UnreferencedStep{{ID: 7, ObservedAt: at}, {ID: 9}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := tasks.ParseCollect(task)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Version != tasks.PayloadVersion || len(p.Steps) != 2 || p.Steps[0].ID != 7 || !p.Steps[0].ObservedAt.Equal(at) {
+		t.Errorf("round trip: %+v", p)
+	}
+}
+
+func TestEnqueuerTreatsATaskIDConflictAsSuccess(t *testing.T) {
+	rs := testredis.Start(t)
+	opt, _ := asynq.ParseRedisURI(rs.URL)
+	var failures []string
+	e := tasks.NewEnqueuer(opt, tasks.OnEnqueueFailure(func(task string) { failures = append(failures, task) }))
+	defer e.Close()
+	step := []storage.UnreferencedStep{{ID: 42, ObservedAt: time.Now()}}
+	for range 3 {
+		if err := e.CollectSteps(t.Context(), step); err != nil {
+			t.Fatal(err)
+		}
+	}
+	slot := time.Now().Truncate(time.Minute)
+	for range 3 { // three replicas asking for the same slot
+		if err := e.EnqueueSweep(t.Context(), slot, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	}
+	insp := asynq.NewInspector(opt)
+	defer insp.Close()
+	collect, _ := insp.ListPendingTasks(tasks.QueueCollect)
+	sweeps, _ := insp.ListPendingTasks(tasks.QueueSweep)
+	if len(collect) != 1 || len(sweeps) != 1 {
+		t.Errorf("pending: %d collect, %d sweep tasks; want one of each", len(collect), len(sweeps))
+	}
+	if len(failures) != 0 {
+		t.Errorf("conflicts counted as failures: %v", failures)
+	}
+}
+
+func TestEnqueuerFailsFastWhileRedisIsDown(t *testing.T) {
+	rs := testredis.Start(t)
+	opt, _ := asynq.ParseRedisURI(rs.URL)
+	var failures int
+	e := tasks.NewEnqueuer(opt, tasks.WithCooldown(time.Hour), tasks.OnEnqueueFailure(func(string) { failures++ }))
+	defer e.Close()
+	rs.Kill()
+	step := []storage.UnreferencedStep{{ID: 1}}
+	if err := e.CollectSteps(t.Context(), step); err == nil {
+		t.Fatal("enqueue with Redis down succeeded")
+	}
+	// within the cooldown the enqueuer does not even try
+	err := e.CollectSteps(t.Context(), step)
+	if !errors.Is(err, tasks.ErrRedisCoolingDown) {
+		t.Errorf("second enqueue: %v, want ErrRedisCoolingDown", err)
+	}
+	if failures != 2 {
+		t.Errorf("%d failures counted, want 2", failures)
+	}
+}
