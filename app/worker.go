@@ -274,4 +274,3 @@ func asynqLevel(l zerolog.Level) asynq.LogLevel {
 type mysqlLogger struct{ l zerolog.Logger }
 
 func (m mysqlLogger) Print(v ...any) { m.l.Warn().Msg(fmt.Sprint(v...)) }
-

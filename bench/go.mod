@@ -1,6 +1,6 @@
 module github.com/stepcollect/stepcollect/bench
 
-go 1.26
+go 1.26.0
 
 require (
 	github.com/go-sql-driver/mysql v1.9.3
@@ -18,8 +18,8 @@ require (
 	github.com/rs/zerolog v1.34.0 // indirect
 	github.com/sethvargo/go-retry v0.3.0 // indirect
 	go.uber.org/multierr v1.11.0 // indirect
-	golang.org/x/sync v0.16.0 // indirect
-	golang.org/x/sys v0.35.0 // indirect
+	golang.org/x/sync v0.21.0 // indirect
+	golang.org/x/sys v0.49.0 // indirect
 )
 
 replace github.com/stepcollect/stepcollect => ../

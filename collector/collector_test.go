@@ -81,7 +81,7 @@ func (b *bundle) exists(t *testing.T, stepID int64) (step, refs, raw int) {
 // the same payload left entirely alone.
 func TestTheSameCollectTaskDeliveredTwiceIsHarmless(t *testing.T) {
 	b := setup(t)
-	done := b.storeStep(t, "done", 2)   // unreferenced
+	done := b.storeStep(t, "done", 2)    // unreferenced
 	halfway := b.storeStep(t, "half", 1) // still referenced by B
 
 	task, _, err := tasks.NewCollectTask([]storage.UnreferencedStep{
