@@ -41,3 +41,7 @@ func ErrorCode(err error) string {
 // enrollment holds no such command: it was never sent by a workflow, or its
 // step already completed, timed out or was cancelled.
 var ErrUnknownCommand = &Error{Code: ENotFound, Message: "no step holds this command for this enrollment"}
+
+// ErrStepNotFound is returned (wrapped) for a step that does not exist: it
+// was collected, or never was.
+var ErrStepNotFound = &Error{Code: ENotFound, Message: "no such step (it may have completed and been collected)"}

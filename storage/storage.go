@@ -94,3 +94,13 @@ type ScanPage struct {
 	// Rows is how many rows the page examined.
 	Rows int
 }
+
+// StepStatus is what GET /v1/steps/{id} reports of a step that still exists.
+type StepStatus struct {
+	StepID         int64     `json:"step_id"`
+	WorkflowName   string    `json:"workflow_name"`
+	InstanceID     string    `json:"instance_id"`
+	StepName       string    `json:"step_name"`
+	CreatedAt      time.Time `json:"created_at"`
+	OutstandingIDs int       `json:"outstanding_ids"`
+}

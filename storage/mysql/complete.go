@@ -3,12 +3,14 @@ package mysql
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
 
 	nanostorage "github.com/micromdm/nanocmd/engine/storage"
 
+	"github.com/stepcollect/stepcollect/events"
 	"github.com/stepcollect/stepcollect/storage"
 )
 
@@ -117,6 +119,11 @@ func (s *Storage) StoreCommandResponseAndRetrieveCompletedStep(ctx context.Conte
 		if _, err = tx.ExecContext(ctx, qDeleteEnrollmentStepRows, id, stepID); err != nil {
 			return fmt.Errorf("releasing step %d: %w", stepID, err)
 		}
+		if s.outbox {
+			if err := insertEvent(ctx, tx, events.FromStepResult(events.StepCompleted, stepID, ret, time.Now()), id); err != nil {
+				return err
+			}
+		}
 		prev = ret
 		return nil
 	})
@@ -202,4 +209,32 @@ func (s *Storage) RetrieveCommandRequestType(ctx context.Context, id string, uui
 		return "", false, fmt.Errorf("request type (enrollment %s, command %s): %w", id, uuid, err)
 	}
 	return rt, true, nil
+}
+
+// insertEvent writes ev to the outbox inside tx.
+func insertEvent(ctx context.Context, tx *sql.Tx, ev *events.Event, enrollment string) error {
+	payload, err := json.Marshal(ev)
+	if err != nil {
+		return fmt.Errorf("encoding %s event: %w", ev.Type, err)
+	}
+	if _, err := tx.ExecContext(ctx, qInsertOutbox, ev.EventID, ev.Type, ev.Step.StepID, nullString(enrollment), payload); err != nil {
+		return fmt.Errorf("writing %s event %s to the outbox: %w", ev.Type, ev.EventID, err)
+	}
+	return nil
+}
+
+// StepStatus returns what is known of step id while it exists, and an
+// error wrapping storage.ErrStepNotFound once it was collected (or never
+// was).
+func (s *Storage) StepStatus(ctx context.Context, id int64) (*storage.StepStatus, error) {
+	st := &storage.StepStatus{StepID: id}
+	var name sql.NullString
+	err := s.db.QueryRowContext(ctx, qStepStatus, id).Scan(&st.WorkflowName, &st.InstanceID, &name, &st.CreatedAt, &st.OutstandingIDs)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("step %d: %w", id, storage.ErrStepNotFound)
+	} else if err != nil {
+		return nil, fmt.Errorf("step status (step %d): %w", id, err)
+	}
+	st.StepName = name.String
+	return st, nil
 }

@@ -45,6 +45,7 @@ type Storage struct {
 	collector storage.Collector
 	observer  storage.Observer
 	txOpts    *sql.TxOptions
+	outbox    bool
 
 	maxAttempts int
 	backoffBase time.Duration
@@ -61,6 +62,7 @@ type config struct {
 	observer    storage.Observer
 	isolation   sql.IsolationLevel
 	maxAttempts int
+	outbox      bool
 }
 
 // Option configures a Storage.
@@ -92,6 +94,13 @@ func WithObserver(o storage.Observer) Option { return func(c *config) { c.observ
 // whose session variable names differ.
 func WithIsolation(l sql.IsolationLevel) Option { return func(c *config) { c.isolation = l } }
 
+// WithOutbox makes each enrollment's completion also write its
+// step.completed event to the outbox, in the same transaction as the deletes
+// it reports, so that a completion is never known only to the process that
+// committed it. The service uses it; NanoCMD, which takes the returned step
+// directly, does not need it.
+func WithOutbox() Option { return func(c *config) { c.outbox = true } }
+
 // WithMaxAttempts bounds how many times one transaction is tried when it hits
 // a deadlock, a lock wait timeout or a broken connection. Default 10.
 func WithMaxAttempts(n int) Option { return func(c *config) { c.maxAttempts = n } }
@@ -108,6 +117,7 @@ func New(opts ...Option) (*Storage, error) {
 		logger:      cfg.logger,
 		collector:   cfg.collector,
 		observer:    cfg.observer,
+		outbox:      cfg.outbox,
 		maxAttempts: max(cfg.maxAttempts, 1),
 		backoffBase: 5 * time.Millisecond,
 		backoffMax:  500 * time.Millisecond,

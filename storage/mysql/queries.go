@@ -178,6 +178,16 @@ ORDER BY last_push LIMIT ? FOR UPDATE SKIP LOCKED`
 	qMarkRePushed = `
 UPDATE id_commands SET last_push = ? WHERE (enrollment_id, command_uuid) IN ((?, ?))`
 
+	// The completion's event, written with the deletes it reports.
+	qInsertOutbox = `
+INSERT INTO stepcollect_outbox (event_id, event_type, step_id, enrollment_id, payload)
+VALUES (?, ?, ?, ?, ?)`
+
+	qStepStatus = `
+SELECT s.workflow_name, s.instance_id, s.step_name, s.created_at,
+  (SELECT COUNT(DISTINCT c.enrollment_id) FROM id_commands c WHERE c.step_id = s.id)
+FROM steps s WHERE s.id = ?`
+
 	qGetWorkflowStarted = `
 SELECT last_created_unix FROM wf_status WHERE enrollment_id = ? AND workflow_name = ?`
 
