@@ -6,6 +6,8 @@ require (
 	github.com/go-sql-driver/mysql v1.9.3
 	github.com/hibiken/asynq v0.26.0
 	github.com/micromdm/nanocmd v0.7.1
+	github.com/micromdm/nanomdm v0.9.0
+	github.com/micromdm/plist v0.4.0
 	github.com/pressly/goose/v3 v3.26.0
 	github.com/prometheus/client_golang v1.23.2
 	github.com/prometheus/client_model v0.6.3
@@ -23,6 +25,7 @@ require (
 	github.com/mattn/go-colorable v0.1.13 // indirect
 	github.com/mattn/go-isatty v0.0.20 // indirect
 	github.com/mfridman/interpolate v0.0.2 // indirect
+	github.com/micromdm/nanolib v0.5.2 // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
 	github.com/prometheus/procfs v0.21.0 // indirect
 	github.com/redis/go-redis/v9 v9.14.1 // indirect
@@ -36,3 +39,8 @@ require (
 	golang.org/x/time v0.14.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
 )
+
+// NanoCMD v0.7.1 requires plist v0.4.0, which the module proxy this project
+// builds from does not serve. Nothing stepcollect builds of NanoCMD imports
+// plist; the webhook decoder does, and v0.2.2 has the same Unmarshal.
+replace github.com/micromdm/plist => github.com/micromdm/plist v0.2.2

@@ -6,7 +6,6 @@ package app
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -15,12 +14,11 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 	"github.com/hibiken/asynq"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/rs/zerolog"
 
 	"github.com/stepcollect/stepcollect/collector"
+	"github.com/stepcollect/stepcollect/httpapi"
 	"github.com/stepcollect/stepcollect/internal/config"
 	"github.com/stepcollect/stepcollect/internal/logging"
 	"github.com/stepcollect/stepcollect/metrics"
@@ -103,21 +101,15 @@ func NewWorker(ctx context.Context, cfg WorkerConfig, logger zerolog.Logger) (*W
 	if err != nil {
 		return nil, fmt.Errorf("-redis-url: %w", err)
 	}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	storeMetrics := metrics.NewStorage(reg)
-	enqMetrics := metrics.NewEnqueue(reg, tasks.TypeCollect, tasks.TypeSweep)
-	sweepMetrics := metrics.NewSweeper(reg)
-	reg.MustRegister(metrics.NewQueueCollector(asynq.NewInspector(tasks.WithFastFailure(redisOpt)), tasks.QueueCollect, tasks.QueueSweep))
-
-	db, store, err := openStorage(ctx, cfg.MySQLDSN, cfg.MySQLMaxConns, cfg.Migrate, logger, stepmysql.WithObserver(storeMetrics))
+	m := newMetrics(redisOpt)
+	db, store, err := openStorage(ctx, cfg.MySQLDSN, cfg.MySQLMaxConns, cfg.Migrate, logger, stepmysql.WithObserver(m.Storage))
 	if err != nil {
 		return nil, err
 	}
 
-	enq := tasks.NewEnqueuer(redisOpt, tasks.OnEnqueueFailure(enqMetrics.Failed))
+	enq := tasks.NewEnqueuer(redisOpt, tasks.OnEnqueueFailure(m.Enqueue.Failed))
 	w := &Worker{cfg: cfg, logger: logger, db: db, store: store, enq: enq}
-	w.sweeper = collector.NewSweeper(collector.SweeperConfig{Interval: cfg.SweepInterval}, store, enq, sweepMetrics, logger.With().Str("component", "sweeper").Logger())
+	w.sweeper = collector.NewSweeper(collector.SweeperConfig{Interval: cfg.SweepInterval}, store, enq, m.Sweeper, logger.With().Str("component", "sweeper").Logger())
 
 	w.mux = asynq.NewServeMux()
 	w.mux.Handle(tasks.TypeCollect, collector.NewHandler(store, logger.With().Str("component", "collector").Logger()))
@@ -145,9 +137,9 @@ func NewWorker(ctx context.Context, cfg WorkerConfig, logger zerolog.Logger) (*W
 		return nil, fmt.Errorf("-metrics-listen: %w", err)
 	}
 	hm := http.NewServeMux()
-	hm.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	hm.Handle("GET /metrics", promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{Registry: m.Registry}))
 	hm.HandleFunc("GET /healthz", func(rw http.ResponseWriter, _ *http.Request) { rw.WriteHeader(http.StatusOK) })
-	hm.HandleFunc("GET /readyz", readyz(db, enq.Ping))
+	hm.HandleFunc("GET /readyz", httpapi.ReadyHandler(readyChecks(db, enq)))
 	w.http = &http.Server{Handler: hm, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
 		WriteTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute}
 	return w, nil
@@ -193,6 +185,13 @@ func (w *Worker) Run(ctx context.Context) error {
 	return err
 }
 
+// newMetrics is the full metric set, with asynq's queues read through an
+// Inspector that gives up quickly when Redis is down.
+func newMetrics(redisOpt asynq.RedisConnOpt) *metrics.Set {
+	return metrics.New(asynq.NewInspector(tasks.WithFastFailure(redisOpt)),
+		[]string{tasks.TypeCollect, tasks.TypeSweep}, tasks.QueueCollect, tasks.QueueSweep)
+}
+
 func (w *Worker) close() {
 	w.enq.Close()
 	w.db.Close()
@@ -235,24 +234,11 @@ func openStorage(ctx context.Context, dsn string, maxConns int, migrate bool, lo
 	return db, store, nil
 }
 
-// readyz answers 200 when MySQL and Redis answer, else 503 naming the part
-// that does not.
-func readyz(db *sql.DB, pingRedis func() error) http.HandlerFunc {
-	return func(rw http.ResponseWriter, r *http.Request) {
-		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
-		defer cancel()
-		var failed []error
-		if err := db.PingContext(ctx); err != nil {
-			failed = append(failed, fmt.Errorf("mysql: %w", err))
-		}
-		if err := pingRedis(); err != nil {
-			failed = append(failed, fmt.Errorf("redis: %w", err))
-		}
-		if len(failed) > 0 {
-			http.Error(rw, errors.Join(failed...).Error(), http.StatusServiceUnavailable)
-			return
-		}
-		rw.Write([]byte("ok\n"))
+// readyChecks are what /readyz asks of both services: MySQL and Redis.
+func readyChecks(db *sql.DB, enq *tasks.Enqueuer) []httpapi.Check {
+	return []httpapi.Check{
+		{Name: "mysql", Probe: db.PingContext},
+		{Name: "redis", Probe: func(context.Context) error { return enq.Ping() }},
 	}
 }
 

@@ -1,0 +1,148 @@
+package app
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/rs/zerolog"
+
+	"github.com/stepcollect/stepcollect/httpapi"
+	"github.com/stepcollect/stepcollect/internal/config"
+	"github.com/stepcollect/stepcollect/internal/logging"
+	stepmysql "github.com/stepcollect/stepcollect/storage/mysql"
+	"github.com/stepcollect/stepcollect/tasks"
+)
+
+// APIConfig is cmd/api's configuration.
+type APIConfig struct {
+	MySQLDSN       string
+	RedisURL       string
+	Migrate        bool
+	Listen         string
+	APIKey         string
+	WebhookHMACKey string
+	MaxBodyBytes   int64
+	LogLevel       string
+	LogFormat      string
+	// MySQLMaxConns bounds the pool (default 64).
+	MySQLMaxConns int
+}
+
+// ParseAPIConfig reads the API's flags, with environment fallbacks.
+func ParseAPIConfig(args []string, getenv func(string) string) (APIConfig, *config.Set, error) {
+	s := config.New("api", getenv)
+	dsn := s.String("mysql-dsn", "STEPCOLLECT_MYSQL_DSN", DefaultMySQLDSN, "MySQL/MariaDB DSN (go-sql-driver form)")
+	redis := s.String("redis-url", "STEPCOLLECT_REDIS_URL", DefaultRedisURL, "Redis URL: redis://, rediss:// or redis-sentinel://")
+	migrate := s.Bool("migrate", "STEPCOLLECT_MIGRATE", true, "apply the embedded schema migrations at start")
+	listen := s.String("listen", "STEPCOLLECT_LISTEN", "127.0.0.1:9100", "address for the webhook, /v1, health and /metrics")
+	apiKey := s.String("api-key", "STEPCOLLECT_API_KEY", "", "API key for /v1/* (Bearer, or basic-auth password); none: /v1 answers 401")
+	hmacKey := s.String("webhook-hmac-key", "STEPCOLLECT_WEBHOOK_HMAC_KEY", "", "NanoMDM's -webhook-hmac-key; none: webhook bodies are not verified")
+	maxBody := s.Int("max-body-bytes", "STEPCOLLECT_MAX_BODY_BYTES", httpapi.DefaultMaxBody, "largest request body accepted (413 above)")
+	level := s.String("log-level", "STEPCOLLECT_LOG_LEVEL", "info", "debug, info, warn or error")
+	format := s.String("log-format", "STEPCOLLECT_LOG_FORMAT", "json", "json, or console for people")
+	s.Check(config.MySQLDSN("mysql-dsn", dsn))
+	s.Check(config.RedisURL("redis-url", redis))
+	s.Check(config.ListenAddr("listen", listen))
+	s.Check(func() error {
+		if *maxBody < 1024 {
+			return fmt.Errorf("-max-body-bytes: %d is too small for an MDM result", *maxBody)
+		}
+		return nil
+	})
+	s.Check(func() error { _, err := logging.New(nil, *level, *format); return err })
+	if err := s.Parse(args); err != nil {
+		return APIConfig{}, s, err
+	}
+	return APIConfig{
+		MySQLDSN: *dsn, RedisURL: *redis, Migrate: *migrate, Listen: *listen, APIKey: *apiKey,
+		WebhookHMACKey: *hmacKey, MaxBodyBytes: int64(*maxBody), LogLevel: *level, LogFormat: *format,
+	}, s, nil
+}
+
+// API is the HTTP service: NanoMDM's webhook, the workflow engine's /v1,
+// health and metrics, on one listener.
+type API struct {
+	cfg    APIConfig
+	logger zerolog.Logger
+	db     *sql.DB
+	enq    *tasks.Enqueuer
+	http   *http.Server
+	ln     net.Listener
+}
+
+// NewAPI connects to MySQL (migrating it if configured), prepares the
+// handler and binds the listener. Redis need not be up: results are
+// committed without it.
+func NewAPI(ctx context.Context, cfg APIConfig, logger zerolog.Logger) (*API, error) {
+	redisOpt, err := asynq.ParseRedisURI(cfg.RedisURL)
+	if err != nil {
+		return nil, fmt.Errorf("-redis-url: %w", err)
+	}
+	m := newMetrics(redisOpt)
+	enq := tasks.NewEnqueuer(redisOpt, tasks.OnEnqueueFailure(m.Enqueue.Failed))
+	db, store, err := openStorage(ctx, cfg.MySQLDSN, cfg.MySQLMaxConns, cfg.Migrate, logger,
+		stepmysql.WithObserver(m.Storage), stepmysql.WithCollector(enq), stepmysql.WithOutbox())
+	if err != nil {
+		enq.Close()
+		return nil, err
+	}
+	handler := httpapi.New(httpapi.Config{
+		Store:          store,
+		Logger:         logger.With().Str("component", "http").Logger(),
+		APIKey:         cfg.APIKey,
+		WebhookHMACKey: []byte(cfg.WebhookHMACKey),
+		MaxBody:        cfg.MaxBodyBytes,
+		Ready:          readyChecks(db, enq),
+		Metrics:        m.API,
+		Gatherer:       m.Registry,
+	})
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		enq.Close()
+		db.Close()
+		return nil, fmt.Errorf("-listen: %w", err)
+	}
+	return &API{
+		cfg: cfg, logger: logger, db: db, enq: enq, ln: ln,
+		http: &http.Server{
+			Handler:           handler,
+			ReadHeaderTimeout: 10 * time.Second,
+			ReadTimeout:       2 * time.Minute, // a 32 MiB result over a slow link
+			WriteTimeout:      2 * time.Minute,
+			IdleTimeout:       2 * time.Minute,
+		},
+	}, nil
+}
+
+// Addr is the address the API listens on (useful with port 0).
+func (a *API) Addr() string { return a.ln.Addr().String() }
+
+// Run serves until ctx ends, then stops accepting and lets requests in
+// flight finish their commits (up to 30 s).
+func (a *API) Run(ctx context.Context) error {
+	defer a.db.Close()
+	defer a.enq.Close()
+	errc := make(chan error, 1)
+	go func() { errc <- a.http.Serve(a.ln) }()
+	a.logger.Info().Str("listen", "http://"+a.Addr()).Bool("api_key_set", a.cfg.APIKey != "").
+		Bool("webhook_hmac", a.cfg.WebhookHMACKey != "").Msg("api started: POST /webhook, /v1/*, /metrics")
+	select {
+	case err := <-errc:
+		return fmt.Errorf("serving: %w", err)
+	case <-ctx.Done():
+	}
+	a.logger.Info().Msg("api stopping")
+	sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := a.http.Shutdown(sctx); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("stopping: %w", err)
+	}
+	a.logger.Info().Msg("api stopped")
+	return nil
+}

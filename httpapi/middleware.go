@@ -1,0 +1,151 @@
+package httpapi
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"regexp"
+	"runtime/debug"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/stepcollect/stepcollect/logkeys"
+	"github.com/stepcollect/stepcollect/storage"
+)
+
+// RequestIDHeader carries the request id, in and out.
+const RequestIDHeader = "X-Request-Id"
+
+var requestIDPattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
+
+type ctxKey int
+
+const requestIDKey ctxKey = iota
+
+// RequestID returns the request id of ctx.
+func RequestID(ctx context.Context) string {
+	id, _ := ctx.Value(requestIDKey).(string)
+	return id
+}
+
+// statusWriter remembers the status a handler wrote.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+// withRequest gives every request an id (the caller's X-Request-Id when it
+// is sane), a logger carrying it, a body limit, an access log line, and
+// turns a panic into a 500 whose log line has the id and the stack.
+func withRequest(base zerolog.Logger, maxBody int64, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		id := r.Header.Get(RequestIDHeader)
+		if !requestIDPattern.MatchString(id) {
+			b := make([]byte, 8)
+			rand.Read(b)
+			id = hex.EncodeToString(b)
+		}
+		w.Header().Set(RequestIDHeader, id)
+		logger := base.With().Str(logkeys.RequestID, id).Logger()
+		ctx := logger.WithContext(context.WithValue(r.Context(), requestIDKey, id))
+		r = r.WithContext(ctx)
+		r.Body = http.MaxBytesReader(w, r.Body, maxBody)
+		sw := &statusWriter{ResponseWriter: w}
+
+		defer func() {
+			if p := recover(); p != nil {
+				if p == http.ErrAbortHandler {
+					panic(p)
+				}
+				zerolog.Ctx(r.Context()).Error().Str("panic", fmt.Sprint(p)).Bytes("stack", debug.Stack()).Msg("handler panicked")
+				if sw.status == 0 {
+					writeError(sw, r, http.StatusInternalServerError, "internal error")
+				}
+			}
+			ev := zerolog.Ctx(r.Context()).Debug()
+			switch {
+			case sw.status >= 500:
+				ev = zerolog.Ctx(r.Context()).Warn()
+			case sw.status >= 400:
+				ev = zerolog.Ctx(r.Context()).Info()
+			}
+			ev.Str("method", r.Method).Str("path", r.URL.Path).Int("status", sw.status).
+				Dur("took", time.Since(start)).Msg("request")
+		}()
+		next.ServeHTTP(sw, r)
+	})
+}
+
+// errorBody is every error answer: one line naming the field or the
+// conflicting row.
+type errorBody struct {
+	Error     string `json:"error"`
+	RequestID string `json:"request_id,omitempty"`
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	enc.Encode(v)
+}
+
+func writeError(w http.ResponseWriter, r *http.Request, status int, msg string) {
+	writeJSON(w, status, errorBody{Error: msg, RequestID: RequestID(r.Context())})
+}
+
+// statusOf is the one place domain errors become HTTP statuses. Anything
+// that is not a domain error means the storage could not do its work
+// (MySQL unreachable, mostly): 503, and nothing was half-written, because
+// every change is one transaction.
+func statusOf(err error) int {
+	var mbe *http.MaxBytesError
+	switch {
+	case errors.As(err, &mbe):
+		return http.StatusRequestEntityTooLarge
+	case storage.ErrorCode(err) == storage.EInvalid:
+		return http.StatusBadRequest
+	case storage.ErrorCode(err) == storage.EConflict:
+		return http.StatusConflict
+	case storage.ErrorCode(err) == storage.ENotFound:
+		return http.StatusNotFound
+	}
+	return http.StatusServiceUnavailable
+}
+
+// respondError answers err with its status. Domain errors say what is
+// wrong; others are logged in full and answered without internals.
+func respondError(w http.ResponseWriter, r *http.Request, err error, what string) {
+	status := statusOf(err)
+	var mbe *http.MaxBytesError
+	switch {
+	case errors.As(err, &mbe):
+		writeError(w, r, status, fmt.Sprintf("body: larger than the %d-byte limit", mbe.Limit))
+	case status == http.StatusServiceUnavailable:
+		zerolog.Ctx(r.Context()).Error().Err(err).Msg(what)
+		writeError(w, r, status, what+": storage unavailable, nothing was written; retry later")
+	default:
+		writeError(w, r, status, oneLine(err.Error()))
+	}
+}

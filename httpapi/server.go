@@ -1,0 +1,156 @@
+// Package httpapi is stepcollect's HTTP interface (../CONTRACT.md §3): the
+// MDM server's webhook in, the workflow engine's /v1 API, health and
+// metrics. Handlers are small: decode, act through the storage, map the
+// error to a status in one place, log with the request's logger.
+package httpapi
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base64"
+	"errors"
+	"net/http"
+	"time"
+
+	nanostorage "github.com/micromdm/nanocmd/engine/storage"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/rs/zerolog"
+
+	"github.com/stepcollect/stepcollect/metrics"
+	"github.com/stepcollect/stepcollect/storage"
+)
+
+// Store is what the HTTP API needs of the storage.
+type Store interface {
+	StoreCommandResponseAndRetrieveCompletedStep(ctx context.Context, id string, sc *nanostorage.StepCommandResult) (*nanostorage.StepResult, error)
+	CancelSteps(ctx context.Context, id, workflowName string) error
+	StoreStepID(ctx context.Context, step *nanostorage.StepEnqueuingWithConfig, pushTime time.Time) (int64, error)
+	StepStatus(ctx context.Context, id int64) (*storage.StepStatus, error)
+}
+
+// Check is one readiness dependency: a name ("mysql", "redis") and a probe.
+type Check struct {
+	Name  string
+	Probe func(ctx context.Context) error
+}
+
+// Config configures the handler.
+type Config struct {
+	Store  Store
+	Logger zerolog.Logger
+	// APIKey guards /v1/*. Empty: every /v1 request is refused (401).
+	APIKey string
+	// WebhookHMACKey, when set, is checked against X-Hmac-Signature.
+	WebhookHMACKey []byte
+	// MaxBody bounds a request body. Default 32 MiB.
+	MaxBody int64
+	// Ready lists what /readyz checks.
+	Ready []Check
+	// Metrics is the API's metrics; Gatherer serves /metrics.
+	Metrics  *metrics.API
+	Gatherer prometheus.Gatherer
+}
+
+// DefaultMaxBody is the default request body limit: MDM results (a profile
+// list, an installed application list) can be large.
+const DefaultMaxBody = 32 << 20
+
+// Server is the HTTP API.
+type Server struct {
+	cfg Config
+	mux *http.ServeMux
+}
+
+// New returns the API's handler.
+func New(cfg Config) *Server {
+	if cfg.MaxBody <= 0 {
+		cfg.MaxBody = DefaultMaxBody
+	}
+	s := &Server{cfg: cfg, mux: http.NewServeMux()}
+	s.handle("POST /webhook", "webhook", s.webhook)
+	s.handle("POST /v1/steps", "enqueue_step", s.auth(s.enqueueStep))
+	s.handle("GET /v1/steps/{step_id}", "step_status", s.auth(s.stepStatus))
+	s.handle("DELETE /v1/enrollments/{id}/steps", "cancel_steps", s.auth(s.cancelSteps))
+	s.handle("/v1/", "v1_other", s.auth(func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, r, http.StatusNotFound, "no such endpoint: "+r.Method+" "+oneLine(r.URL.Path))
+	}))
+	s.handle("GET /healthz", "healthz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok\n")) })
+	s.handle("GET /readyz", "readyz", ReadyHandler(cfg.Ready))
+	if cfg.Gatherer != nil {
+		s.mux.Handle("GET /metrics", promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{}))
+	}
+	return s
+}
+
+// ServeHTTP implements http.Handler: request id, logger, body limit and
+// panic recovery around every route.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	withRequest(s.cfg.Logger, s.cfg.MaxBody, s.mux).ServeHTTP(w, r)
+}
+
+func (s *Server) handle(pattern, name string, h http.HandlerFunc) {
+	var handler http.Handler = h
+	if s.cfg.Metrics != nil {
+		handler = s.cfg.Metrics.InstrumentHandler(name, handler)
+	}
+	s.mux.Handle(pattern, handler)
+}
+
+// auth requires the API key, as a Bearer token or as the basic-auth
+// password with any user name (as NanoMDM and NanoCMD do).
+func (s *Server) auth(next http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if s.cfg.APIKey == "" {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="stepcollect"`)
+			writeError(w, r, http.StatusUnauthorized, "no API key is configured on this server: set -api-key")
+			return
+		}
+		var given string
+		if _, pass, ok := r.BasicAuth(); ok {
+			given = pass
+		} else if h := r.Header.Get("Authorization"); len(h) > 7 && (h[:7] == "Bearer " || h[:7] == "bearer ") {
+			given = h[7:]
+		}
+		if subtle.ConstantTimeCompare([]byte(given), []byte(s.cfg.APIKey)) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="stepcollect"`)
+			writeError(w, r, http.StatusUnauthorized, "missing or wrong API key (Authorization: Bearer <key>, or basic auth with the key as password)")
+			return
+		}
+		next(w, r)
+	}
+}
+
+// validHMAC checks NanoMDM's X-Hmac-Signature: standard base64 of
+// HMAC-SHA256 over the exact body.
+func validHMAC(key, body []byte, header string) bool {
+	got, err := base64.StdEncoding.DecodeString(header)
+	if err != nil || header == "" {
+		return false
+	}
+	mac := hmac.New(sha256.New, key)
+	mac.Write(body)
+	return hmac.Equal(got, mac.Sum(nil))
+}
+
+// ReadyHandler answers 200 when every check passes, else 503 naming each
+// part that failed.
+func ReadyHandler(checks []Check) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
+		var failed []error
+		for _, c := range checks {
+			if err := c.Probe(ctx); err != nil {
+				failed = append(failed, errors.New(c.Name+": "+oneLine(err.Error())))
+			}
+		}
+		if len(failed) > 0 {
+			http.Error(w, errors.Join(failed...).Error(), http.StatusServiceUnavailable)
+			return
+		}
+		w.Write([]byte("ok\n"))
+	}
+}

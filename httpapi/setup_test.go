@@ -1,0 +1,205 @@
+package httpapi_test
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/micromdm/nanomdm/mdm"
+	"github.com/micromdm/nanomdm/service/webhook"
+	"github.com/rs/zerolog"
+
+	"github.com/stepcollect/stepcollect/httpapi"
+	"github.com/stepcollect/stepcollect/internal/testdb"
+	"github.com/stepcollect/stepcollect/metrics"
+	"github.com/stepcollect/stepcollect/storage"
+	stepmysql "github.com/stepcollect/stepcollect/storage/mysql"
+)
+
+const apiKey = "test-api-key"
+
+var hmacKey = []byte("test-webhook-hmac-key")
+
+// bundle is a migrated test database, the real storage on it (with the
+// outbox, as the API runs it), and the handler behind an httptest server.
+type bundle struct {
+	db    *testdb.DB
+	store *stepmysql.Storage
+	m     *metrics.Set
+	srv   *httptest.Server
+}
+
+type setupOpts struct {
+	db        *testdb.DB // use this database instead of a new one
+	storeDB   *sql.DB    // the storage's pool, when not the test database's own
+	collector storage.Collector
+	maxBody   int64
+	hmacKey   []byte
+	apiKey    *string
+}
+
+func setup(t *testing.T, o *setupOpts) *bundle {
+	t.Helper()
+	if o == nil {
+		o = &setupOpts{}
+	}
+	db := o.db
+	if db == nil {
+		db = testdb.New(t, nil)
+	}
+	if err := stepmysql.Migrate(t.Context(), db.DB); err != nil {
+		t.Fatal(err)
+	}
+	storeDB := o.storeDB
+	if storeDB == nil {
+		storeDB = db.DB
+	}
+	m := metrics.New(nil, nil)
+	opts := []stepmysql.Option{stepmysql.WithDB(storeDB), stepmysql.WithOutbox(), stepmysql.WithObserver(m.Storage),
+		stepmysql.WithIsolation(sql.LevelReadCommitted)}
+	if o.collector != nil {
+		opts = append(opts, stepmysql.WithCollector(o.collector))
+	}
+	store, err := stepmysql.New(opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := apiKey
+	if o.apiKey != nil {
+		key = *o.apiKey
+	}
+	h := httpapi.New(httpapi.Config{
+		Store:          store,
+		Logger:         zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.InfoLevel),
+		APIKey:         key,
+		WebhookHMACKey: o.hmacKey,
+		MaxBody:        o.maxBody,
+		Metrics:        m.API,
+		Gatherer:       m.Registry,
+	})
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	return &bundle{db: db, store: store, m: m, srv: srv}
+}
+
+// sender is NanoMDM's own webhook client, pointed at the handler.
+func (b *bundle) sender(key []byte) *webhook.Webhook {
+	var opts []webhook.Option
+	if key != nil {
+		opts = append(opts, webhook.WithHMACSecret(key))
+	}
+	return webhook.New(b.srv.URL+"/webhook", opts...)
+}
+
+func mdmRequest(id string) *mdm.Request {
+	r := mdm.NewRequestWithContext(context.Background(), nil)
+	r.EnrollID = &mdm.EnrollID{ID: id, Type: mdm.Device}
+	return r
+}
+
+// resultPlist is a device's command result, as it reaches NanoMDM.
+func resultPlist(udid, uuid, status string) []byte {
+	return []byte(fmt.Sprintf(`<?xml version="1.0" encoding="UTF-8"?>
+<!DOCTYPE plist PUBLIC "-//Apple//DTD PLIST 1.0//EN" "http://www.apple.com/DTDs/PropertyList-1.0.dtd">
+<plist version="1.0"><dict>
+<key>CommandUUID</key><string>%s</string>
+<key>Status</key><string>%s</string>
+<key>UDID</key><string>%s</string>
+<key>QueryResponses</key><dict><key>DeviceName</key><string>%s's Mac</string></dict>
+</dict></plist>`, uuid, status, udid, udid))
+}
+
+// sendResult reports one command result through NanoMDM's sender; an error
+// means the handler did not answer 200.
+func sendResult(w *webhook.Webhook, id, uuid, status string) error {
+	_, err := w.CommandAndReportResults(mdmRequest(id), &mdm.CommandResults{
+		Enrollment: mdm.Enrollment{UDID: id}, CommandUUID: uuid, Status: status, Raw: resultPlist(id, uuid, status),
+	})
+	return err
+}
+
+func checkinPlist(udid, messageType string) []byte {
+	return []byte(fmt.Sprintf(`<?xml version="1.0" encoding="UTF-8"?>
+<plist version="1.0"><dict><key>MessageType</key><string>%s</string><key>UDID</key><string>%s</string><key>Topic</key><string>com.apple.mgmt.test</string></dict></plist>`, messageType, udid))
+}
+
+// call makes one /v1 request with the API key and returns the status and
+// the decoded JSON body (nil when empty).
+func (b *bundle) call(t *testing.T, method, path string, body any) (int, map[string]any) {
+	t.Helper()
+	var rd io.Reader
+	switch v := body.(type) {
+	case nil:
+	case string:
+		rd = strings.NewReader(v)
+	default:
+		j, _ := json.Marshal(v)
+		rd = bytes.NewReader(j)
+	}
+	req, _ := http.NewRequest(method, b.srv.URL+path, rd)
+	req.Header.Set("Authorization", "Bearer "+apiKey)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	if len(bytes.TrimSpace(raw)) == 0 {
+		return resp.StatusCode, nil
+	}
+	var out map[string]any
+	if err := json.Unmarshal(raw, &out); err != nil {
+		t.Fatalf("%s %s: answer %d is not JSON: %q", method, path, resp.StatusCode, raw)
+	}
+	return resp.StatusCode, out
+}
+
+// enqueue stores a step through POST /v1/steps and returns its id.
+func (b *bundle) enqueue(t *testing.T, wf string, ids []string, uuids ...string) int64 {
+	t.Helper()
+	var cmds []map[string]string
+	for _, u := range uuids {
+		cmds = append(cmds, map[string]string{"command_uuid": u, "request_type": "DeviceInformation", "command": "PHBsaXN0Lz4="})
+	}
+	status, body := b.call(t, "POST", "/v1/steps", map[string]any{
+		"workflow_name": wf, "instance_id": wf + "-1", "step_name": "query", "context": "Y3R4", "ids": ids, "commands": cmds,
+	})
+	if status != http.StatusCreated {
+		t.Fatalf("enqueue: %d %v", status, body)
+	}
+	return int64(body["step_id"].(float64))
+}
+
+// snapshot is every table's checksum: equal snapshots, nothing written.
+func snapshot(t *testing.T, db *sql.DB) string {
+	t.Helper()
+	rows, err := db.Query(`CHECKSUM TABLE steps, id_commands, step_commands, stepcollect_outbox, wf_status`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var name string
+		var sum sql.NullInt64
+		rows.Scan(&name, &sum)
+		out = append(out, fmt.Sprintf("%s=%d", name, sum.Int64))
+	}
+	return strings.Join(out, " ")
+}
+
+func count(t *testing.T, db *sql.DB, query string, args ...any) int {
+	t.Helper()
+	var n int
+	if err := db.QueryRow(query, args...).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}

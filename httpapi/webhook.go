@@ -1,0 +1,87 @@
+package httpapi
+
+import (
+	"errors"
+	"io"
+	"net/http"
+
+	nanostorage "github.com/micromdm/nanocmd/engine/storage"
+	"github.com/rs/zerolog"
+
+	"github.com/stepcollect/stepcollect/logkeys"
+	"github.com/stepcollect/stepcollect/metrics"
+	"github.com/stepcollect/stepcollect/storage"
+)
+
+// webhook takes NanoMDM's webhook. NanoMDM posts each result once and never
+// again, and only logs a non-200: so a 200 means committed, and nothing but
+// a failure to commit answers anything else. Redis is never a reason for a
+// non-200: the follow-up work goes to the queue after the commit, and the
+// sweeper finds it if the queue cannot take it.
+func (s *Server) webhook(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
+		s.result(metrics.OutcomeRejected)
+		respondError(w, r, err, "reading the webhook body")
+		return
+	}
+	if len(s.cfg.WebhookHMACKey) > 0 && !validHMAC(s.cfg.WebhookHMACKey, body, r.Header.Get("X-Hmac-Signature")) {
+		s.result(metrics.OutcomeRejected)
+		writeError(w, r, http.StatusUnauthorized, "X-Hmac-Signature: missing or wrong (standard base64 of HMAC-SHA256 over the body)")
+		return
+	}
+	ev, err := DecodeWebhook(body)
+	if err != nil {
+		s.result(metrics.OutcomeRejected)
+		respondError(w, r, err, "decoding the webhook")
+		return
+	}
+	ctx := r.Context()
+	logger := zerolog.Ctx(ctx).With().Str("topic", ev.Topic).Str("event_id", ev.EventID).
+		Str(logkeys.EnrollmentID, ev.EnrollmentID).Str(logkeys.CommandUUID, ev.CommandUUID).Logger()
+	ctx = logger.WithContext(ctx)
+	r = r.WithContext(ctx)
+
+	switch ev.Action {
+	case Ignore:
+		s.result(metrics.OutcomeIgnored)
+		logger.Debug().Str(logkeys.Reason, ev.Reason).Msg("webhook ignored")
+
+	case CancelEnrollment:
+		if err := s.cfg.Store.CancelSteps(ctx, ev.EnrollmentID, ""); err != nil {
+			s.result(metrics.OutcomeError)
+			respondError(w, r, err, "cancelling the enrollment's steps")
+			return
+		}
+		logger.Info().Msg("enrollment re-enrolled or left: its steps are cancelled")
+
+	case CommitResult:
+		res, err := s.cfg.Store.StoreCommandResponseAndRetrieveCompletedStep(ctx, ev.EnrollmentID, &nanostorage.StepCommandResult{
+			CommandUUID: ev.CommandUUID, ResultReport: ev.Raw, Completed: ev.Completed(),
+		})
+		switch {
+		case errors.Is(err, storage.ErrUnknownCommand):
+			// not sent by a workflow, or its step already finished
+			s.result(metrics.OutcomeIgnored)
+			logger.Debug().Msg("result for a command no step holds: ignored")
+		case err != nil:
+			s.result(metrics.OutcomeError)
+			respondError(w, r, err, "committing the result")
+			return
+		case !ev.Completed():
+			s.result(metrics.OutcomeNotNow)
+		case res != nil:
+			s.result(metrics.OutcomeCompletedStep)
+			logger.Debug().Str(logkeys.WorkflowName, res.WorkflowName).Str(logkeys.InstanceID, res.InstanceID).Msg("step completed for this enrollment")
+		default:
+			s.result(metrics.OutcomeStored)
+		}
+	}
+	w.WriteHeader(http.StatusOK)
+}
+
+func (s *Server) result(outcome string) {
+	if s.cfg.Metrics != nil {
+		s.cfg.Metrics.Results.WithLabelValues(outcome).Inc()
+	}
+}

@@ -1,0 +1,282 @@
+package httpapi_test
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/micromdm/nanomdm/mdm"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/stepcollect/stepcollect/events"
+	"github.com/stepcollect/stepcollect/internal/tcpproxy"
+	"github.com/stepcollect/stepcollect/internal/testdb"
+	"github.com/stepcollect/stepcollect/internal/testredis"
+	stepmysql "github.com/stepcollect/stepcollect/storage/mysql"
+	"github.com/stepcollect/stepcollect/tasks"
+
+	"github.com/hibiken/asynq"
+)
+
+func TestNanoMDMResultsCompleteAStepAndWriteOneEventEach(t *testing.T) {
+	b := setup(t, &setupOpts{hmacKey: hmacKey})
+	ids := []string{"DEV-A", "DEV-B", "DEV-C"}
+	stepID := b.enqueue(t, "io.example.inventory", ids, "CU-1", "CU-2")
+	w := b.sender(hmacKey)
+
+	for _, id := range ids {
+		// NotNow first: recorded, not completing
+		if err := sendResult(w, id, "CU-1", "NotNow"); err != nil {
+			t.Fatalf("%s NotNow: %v", id, err)
+		}
+		if err := sendResult(w, id, "CU-1", "Acknowledged"); err != nil {
+			t.Fatal(err)
+		}
+		// Idle carries no command: ignored
+		if _, err := w.CommandAndReportResults(mdmRequest(id), &mdm.CommandResults{
+			Enrollment: mdm.Enrollment{UDID: id}, Status: "Idle", Raw: resultPlist(id, "", "Idle")}); err != nil {
+			t.Fatal(err)
+		}
+		// a command no workflow sent: ignored
+		if err := sendResult(w, id, "NOT-OURS", "Acknowledged"); err != nil {
+			t.Fatal(err)
+		}
+		status := "Acknowledged"
+		if id == "DEV-C" {
+			status = "Error" // an error completes the command too
+		}
+		if err := sendResult(w, id, "CU-2", status); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	if n := count(t, b.db.DB, `SELECT COUNT(*) FROM steps WHERE id = ?`, stepID); n != 0 {
+		t.Errorf("step %d not collected", stepID)
+	}
+	rows, err := b.db.Query(`SELECT enrollment_id, payload FROM stepcollect_outbox WHERE event_type = 'step.completed' ORDER BY enrollment_id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var got []string
+	for rows.Next() {
+		var id string
+		var payload []byte
+		rows.Scan(&id, &payload)
+		var ev events.Event
+		if err := json.Unmarshal(payload, &ev); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, id)
+		if ev.Step.StepID != stepID || ev.Step.WorkflowName != "io.example.inventory" || string(ev.Step.Context) != "ctx" || len(ev.Step.Commands) != 2 {
+			t.Errorf("%s: event %+v", id, ev)
+		}
+		for _, c := range ev.Step.Commands {
+			if !strings.Contains(string(c.Result), "<string>"+c.CommandUUID+"</string>") || !strings.Contains(string(c.Result), id+"'s Mac") {
+				t.Errorf("%s: command %s carries another result: %s", id, c.CommandUUID, c.Result)
+			}
+		}
+	}
+	if strings.Join(got, ",") != strings.Join(ids, ",") {
+		t.Errorf("events for %v, want one each for %v", got, ids)
+	}
+	for outcome, want := range map[string]float64{"not_now": 3, "stored": 3, "completed_step": 3, "ignored": 6, "rejected": 0, "error": 0} {
+		if got := testutil.ToFloat64(b.m.API.Results.WithLabelValues(outcome)); got != want {
+			t.Errorf("results_total{outcome=%q} = %v, want %v", outcome, got, want)
+		}
+	}
+}
+
+func TestCheckOutAndAuthenticateCancelTheEnrollmentsSteps(t *testing.T) {
+	b := setup(t, nil)
+	b.enqueue(t, "wf.one", []string{"DEV-1", "DEV-2"}, "U-1")
+	b.enqueue(t, "wf.two", []string{"DEV-1", "DEV-2"}, "U-2")
+	w := b.sender(nil)
+	if err := w.CheckOut(mdmRequest("DEV-1"), &mdm.CheckOut{Enrollment: mdm.Enrollment{UDID: "DEV-1"}, Raw: checkinPlist("DEV-1", "CheckOut")}); err != nil {
+		t.Fatal(err)
+	}
+	if n := count(t, b.db.DB, `SELECT COUNT(*) FROM id_commands WHERE enrollment_id = 'DEV-1'`); n != 0 {
+		t.Errorf("CheckOut left %d rows of DEV-1", n)
+	}
+	if err := w.Authenticate(mdmRequest("DEV-2"), &mdm.Authenticate{Enrollment: mdm.Enrollment{UDID: "DEV-2"}, Raw: checkinPlist("DEV-2", "Authenticate")}); err != nil {
+		t.Fatal(err)
+	}
+	if n := count(t, b.db.DB, `SELECT COUNT(*) FROM id_commands`); n != 0 {
+		t.Errorf("Authenticate left %d rows", n)
+	}
+	if n := count(t, b.db.DB, `SELECT COUNT(*) FROM steps`); n != 0 {
+		t.Errorf("%d cancelled steps not collected", n)
+	}
+}
+
+// Every bad input the contract lists: its status, a one-line reason naming
+// the field, and the database exactly as it was.
+func TestBadWebhookInputsAreRejectedAndWriteNothing(t *testing.T) {
+	b := setup(t, &setupOpts{maxBody: 64 << 10})
+	b.enqueue(t, "wf", []string{"DEV-1"}, "U-1")
+	before := snapshot(t, b.db.DB)
+	good := base64.StdEncoding.EncodeToString(resultPlist("DEV-1", "U-1", "Acknowledged"))
+	noStatus := base64.StdEncoding.EncodeToString([]byte(`<plist version="1.0"><dict><key>CommandUUID</key><string>U-1</string></dict></plist>`))
+	ack := func(fields string) string {
+		return `{"topic":"mdm.Connect","created_at":"2026-11-29T00:00:00Z","acknowledge_event":{` + fields + `}}`
+	}
+	for _, tc := range []struct {
+		name, body string
+		status     int
+		want       string
+	}{
+		{"not json", `{"topic":`, 400, "body: not JSON"},
+		{"not an object", `[1,2]`, 400, "body: want a JSON object"},
+		{"topic not a string", `{"topic":7}`, 400, "topic: want string"},
+		{"no topic", `{"acknowledge_event":{}}`, 400, "topic: missing"},
+		{"connect without event", `{"topic":"mdm.Connect"}`, 400, "acknowledge_event: missing for topic mdm.Connect"},
+		{"raw_payload not base64", ack(`"udid":"DEV-1","command_uuid":"U-1","raw_payload":"%%%"`), 400, "acknowledge_event.raw_payload: not standard base64"},
+		{"raw_payload missing", ack(`"udid":"DEV-1","command_uuid":"U-1"`), 400, "acknowledge_event.raw_payload: missing"},
+		{"raw_payload not a plist", ack(`"udid":"DEV-1","command_uuid":"U-1","raw_payload":"` + base64.StdEncoding.EncodeToString([]byte("hello there")) + `"`), 400, "acknowledge_event.raw_payload: not a plist"},
+		{"plist without status", ack(`"udid":"DEV-1","command_uuid":"U-1","raw_payload":"` + noStatus + `"`), 400, "the result plist has no Status"},
+		{"no enrollment id", ack(`"command_uuid":"U-1","raw_payload":"` + good + `"`), 400, "acknowledge_event: no udid or enrollment_id"},
+		{"checkout without enrollment", `{"topic":"mdm.CheckOut","checkin_event":{"raw_payload":"` + base64.StdEncoding.EncodeToString(checkinPlist("", "CheckOut")) + `"}}`, 400, "checkin_event: no udid or enrollment_id"},
+		{"too large", ack(`"udid":"DEV-1","raw_payload":"` + strings.Repeat("A", 70<<10) + `"`), 413, "body: larger than the 65536-byte limit"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			resp, err := http.Post(b.srv.URL+"/webhook", "application/json", strings.NewReader(tc.body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			raw, _ := io.ReadAll(resp.Body)
+			var eb struct {
+				Error     string `json:"error"`
+				RequestID string `json:"request_id"`
+			}
+			json.Unmarshal(raw, &eb)
+			if resp.StatusCode != tc.status || !strings.Contains(eb.Error, tc.want) || strings.Contains(eb.Error, "\n") || eb.RequestID == "" {
+				t.Errorf("%d %q, want %d with one line containing %q", resp.StatusCode, raw, tc.status, tc.want)
+			}
+		})
+	}
+	if after := snapshot(t, b.db.DB); after != before {
+		t.Errorf("bad inputs changed the database:\n before %s\n after  %s", before, after)
+	}
+	if got := testutil.ToFloat64(b.m.API.Results.WithLabelValues("rejected")); got != 12 {
+		t.Errorf("rejected %v, want 12", got)
+	}
+}
+
+func TestWebhookWithoutTheRightHMACIsRejected(t *testing.T) {
+	b := setup(t, &setupOpts{hmacKey: hmacKey})
+	b.enqueue(t, "wf", []string{"DEV-1"}, "U-1")
+	before := snapshot(t, b.db.DB)
+	for name, w := range map[string]interface {
+		CommandAndReportResults(*mdm.Request, *mdm.CommandResults) (*mdm.Command, error)
+	}{"unsigned": b.sender(nil), "wrong key": b.sender([]byte("not the key"))} {
+		_, err := w.CommandAndReportResults(mdmRequest("DEV-1"), &mdm.CommandResults{
+			Enrollment: mdm.Enrollment{UDID: "DEV-1"}, CommandUUID: "U-1", Status: "Acknowledged", Raw: resultPlist("DEV-1", "U-1", "Acknowledged")})
+		if err == nil || !strings.Contains(err.Error(), "401") {
+			t.Errorf("%s: %v, want 401", name, err)
+		}
+	}
+	if after := snapshot(t, b.db.DB); after != before {
+		t.Error("a rejected webhook changed the database")
+	}
+	if err := sendResult(b.sender(hmacKey), "DEV-1", "U-1", "Acknowledged"); err != nil {
+		t.Errorf("signed: %v", err)
+	}
+}
+
+// Redis down is never a reason for a non-200: the result is committed, its
+// event is in the outbox, and the step waits for the sweeper.
+func TestWebhookAnswers200AndCommitsWithRedisDown(t *testing.T) {
+	rs := testredis.Start(t)
+	opt, _ := asynq.ParseRedisURI(rs.URL)
+	var failed int
+	enq := tasks.NewEnqueuer(opt, tasks.OnEnqueueFailure(func(string) { failed++ }))
+	defer enq.Close()
+	b := setup(t, &setupOpts{collector: enq})
+	stepID := b.enqueue(t, "wf", []string{"DEV-1", "DEV-2"}, "U-1")
+	rs.Kill()
+	w := b.sender(nil)
+	for _, id := range []string{"DEV-1", "DEV-2"} {
+		if err := sendResult(w, id, "U-1", "Acknowledged"); err != nil {
+			t.Fatalf("%s with Redis down: %v", id, err)
+		}
+	}
+	if n := count(t, b.db.DB, `SELECT COUNT(*) FROM id_commands`); n != 0 {
+		t.Errorf("%d results not committed", n)
+	}
+	if n := count(t, b.db.DB, `SELECT COUNT(*) FROM stepcollect_outbox`); n != 2 {
+		t.Errorf("%d events, want 2", n)
+	}
+	if n := count(t, b.db.DB, `SELECT COUNT(*) FROM steps WHERE id = ?`, stepID); n != 1 {
+		t.Errorf("the step should wait for the sweeper, found %d", n)
+	}
+	if failed == 0 {
+		t.Error("the failed hand-off was not counted")
+	}
+}
+
+// MySQL unreachable: 503, nothing half-written; once it is back the same
+// result commits once.
+func TestWebhookAnswers503WhenMySQLIsUnreachableAndNothingIsHalfWritten(t *testing.T) {
+	db := testdb.New(t, nil)
+	proxy := tcpproxy.Start(t, "127.0.0.1:3306")
+	proxied := strings.Replace(db.DSN, "tcp(127.0.0.1:3306)", "tcp("+proxy.Addr+")", 1)
+	if proxied == db.DSN {
+		t.Skipf("test server DSN %q is not on 127.0.0.1:3306", db.DSN)
+	}
+	pdb, err := stepmysql.OpenDB(proxied)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pdb.Close()
+	b := setup(t, &setupOpts{db: db, storeDB: pdb})
+	b.enqueue(t, "wf", []string{"DEV-1", "DEV-2"}, "U-1")
+	before := snapshot(t, b.db.DB)
+
+	proxy.Cut()
+	resp, err := http.Post(b.srv.URL+"/webhook", "application/json", strings.NewReader(connectBody("DEV-1", "U-1")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(raw), "nothing was written") {
+		t.Fatalf("with MySQL unreachable: %d %s", resp.StatusCode, raw)
+	}
+	if after := snapshot(t, b.db.DB); after != before {
+		t.Error("a 503 changed the database")
+	}
+
+	proxy.Restore()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		resp, err := http.Post(b.srv.URL+"/webhook", "application/json", strings.NewReader(connectBody("DEV-1", "U-1")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusOK {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("still %d after MySQL came back", resp.StatusCode)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if n := count(t, b.db.DB, `SELECT COUNT(*) FROM stepcollect_outbox WHERE enrollment_id = 'DEV-1'`); n != 1 {
+		t.Errorf("%d events for DEV-1, want 1", n)
+	}
+	if got := testutil.ToFloat64(b.m.API.Results.WithLabelValues("error")); got < 1 {
+		t.Errorf("the 503 was not counted")
+	}
+}
+
+func connectBody(id, uuid string) string {
+	raw := base64.StdEncoding.EncodeToString(resultPlist(id, uuid, "Acknowledged"))
+	return fmt.Sprintf(`{"topic":"mdm.Connect","event_id":"e","created_at":"2026-11-29T00:00:00Z","acknowledge_event":{"udid":%q,"status":"Acknowledged","command_uuid":%q,"raw_payload":%q}}`, id, uuid, raw)
+}

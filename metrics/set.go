@@ -1,0 +1,36 @@
+package metrics
+
+import (
+	"github.com/hibiken/asynq"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+// Set is every stepcollect metric, registered on one registry. Both
+// binaries register the whole set (the contract has each expose all of
+// them); each metric moves only in the binary where its work happens.
+type Set struct {
+	Registry *prometheus.Registry
+	Storage  *Storage
+	Sweeper  *Sweeper
+	Enqueue  *Enqueue
+	API      *API
+}
+
+// New registers the Go and process collectors, every stepcollect metric,
+// and, through inspector, asynq's view of queues.
+func New(inspector *asynq.Inspector, taskTypes []string, queues ...string) *Set {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	s := &Set{
+		Registry: reg,
+		Storage:  NewStorage(reg),
+		Sweeper:  NewSweeper(reg),
+		Enqueue:  NewEnqueue(reg, taskTypes...),
+		API:      NewAPI(reg),
+	}
+	if inspector != nil {
+		reg.MustRegister(NewQueueCollector(inspector, queues...))
+	}
+	return s
+}
