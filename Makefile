@@ -9,8 +9,7 @@ BENCH_N ?= 3000
 # database, then runs the services in the foreground (Ctrl-C stops them).
 run: services build
 	bin/migrate
-	@echo "run: worker metrics on http://127.0.0.1:9101/metrics (STEPCOLLECT_METRICS_LISTEN); logs below"
-	bin/worker -log-format console
+	@bash scripts/run.sh
 
 build:
 	mkdir -p bin

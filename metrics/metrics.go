@@ -16,7 +16,7 @@ const Namespace = "stepcollect"
 
 // Storage holds the metrics the storage reports, and is its Observer.
 type Storage struct {
-	ResultCommitSeconds *prometheus.HistogramVec
+	ResultCommitSeconds prometheus.Histogram
 	TxRetries           *prometheus.CounterVec
 	StepsCollectedTotal prometheus.Counter
 	CollectRuns         *prometheus.CounterVec
@@ -28,12 +28,12 @@ var _ storage.Observer = (*Storage)(nil)
 // NewStorage creates the storage metrics and registers them with reg.
 func NewStorage(reg prometheus.Registerer) *Storage {
 	m := &Storage{
-		ResultCommitSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		ResultCommitSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: Namespace,
 			Name:      "result_commit_seconds",
 			Help:      "Time spent committing one command result in its enrollment-local transaction, retries included.",
 			Buckets:   []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
-		}, []string{"completed_step"}),
+		}),
 		TxRetries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: Namespace,
 			Name:      "tx_retries_total",
@@ -70,12 +70,8 @@ func NewStorage(reg prometheus.Registerer) *Storage {
 func (m *Storage) TxRetried(op, reason string) { m.TxRetries.WithLabelValues(op, reason).Inc() }
 
 // ResultCommitted implements storage.Observer.
-func (m *Storage) ResultCommitted(d time.Duration, completedStep bool, err error) {
-	label := "false"
-	if completedStep {
-		label = "true"
-	}
-	m.ResultCommitSeconds.WithLabelValues(label).Observe(d.Seconds())
+func (m *Storage) ResultCommitted(d time.Duration, _ bool, _ error) {
+	m.ResultCommitSeconds.Observe(d.Seconds())
 }
 
 // StepsCollected implements storage.Observer.

@@ -3,13 +3,10 @@ package main_test
 import (
 	"database/sql"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -17,6 +14,7 @@ import (
 	nanostorage "github.com/micromdm/nanocmd/engine/storage"
 
 	"github.com/stepcollect/stepcollect/internal/testdb"
+	"github.com/stepcollect/stepcollect/internal/testproc"
 	"github.com/stepcollect/stepcollect/internal/testredis"
 	stepmysql "github.com/stepcollect/stepcollect/storage/mysql"
 	"github.com/stepcollect/stepcollect/tasks"
@@ -29,47 +27,23 @@ func TestMain(m *testing.M) {
 	if err != nil {
 		panic(err)
 	}
-	workerBin = filepath.Join(dir, "worker")
-	if out, err := exec.Command("go", "build", "-race", "-o", workerBin, ".").CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "building cmd/worker: %v\n%s", err, out)
+	bins, err := testproc.Build(dir, "cmd/worker")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
+	workerBin = bins["worker"]
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)
 }
 
-// workerProc is the real cmd/worker binary, run as its own process.
-type workerProc struct {
-	cmd  *exec.Cmd
-	logs *strings.Builder
-}
-
-func startWorkerProc(t *testing.T, dsn, redisURL string, sweep time.Duration) *workerProc {
+func startWorkerProc(t *testing.T, dsn, redisURL string, sweep time.Duration) *testproc.Proc {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	cmd := exec.Command(workerBin, "-concurrency", "4", "-log-level", "warn")
-	cmd.Env = append(os.Environ(),
-		"STEPCOLLECT_MYSQL_DSN="+dsn, "STEPCOLLECT_REDIS_URL="+redisURL,
-		"STEPCOLLECT_METRICS_LISTEN="+addr, "STEPCOLLECT_SWEEP_INTERVAL="+sweep.String())
-	logs := &strings.Builder{}
-	cmd.Stdout, cmd.Stderr = logs, logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	p := &workerProc{cmd: cmd, logs: logs}
-	t.Cleanup(func() {
-		if p.cmd.ProcessState == nil {
-			p.cmd.Process.Kill()
-			p.cmd.Wait()
-		}
-	})
-	return p
+	return testproc.Start(t, workerBin, []string{
+		"STEPCOLLECT_MYSQL_DSN=" + dsn, "STEPCOLLECT_REDIS_URL=" + redisURL,
+		"STEPCOLLECT_METRICS_LISTEN=" + testproc.FreeAddr(t), "STEPCOLLECT_SWEEP_INTERVAL=" + sweep.String(),
+	}, "-concurrency", "4", "-log-level", "warn")
 }
 
 func countSteps(t *testing.T, db *sql.DB) int {
@@ -140,12 +114,11 @@ func TestWorkerKilledMidBatchAndRestartedCollectsEverything(t *testing.T) {
 			t.Fatal("the worker collected everything before it could be killed; raise steps")
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the worker collected nothing in 30s:\n%s", w.logs)
+			t.Fatalf("the worker collected nothing in 30s:\n%s", w.Logs())
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	w.cmd.Process.Signal(syscall.SIGKILL)
-	w.cmd.Wait()
+	w.Kill()
 	left := countSteps(t, db.DB)
 	insp := asynq.NewInspector(redisOpt)
 	defer insp.Close()
@@ -172,10 +145,8 @@ func TestWorkerStopsCleanlyOnSIGTERM(t *testing.T) {
 	w := startWorkerProc(t, db.DSN, rs.URL, time.Second)
 	time.Sleep(1500 * time.Millisecond) // let it start and sweep once
 	start := time.Now()
-	w.cmd.Process.Signal(syscall.SIGTERM)
-	err := w.cmd.Wait()
-	if err != nil {
-		t.Fatalf("worker exited with %v on SIGTERM:\n%s", err, w.logs)
+	if err := w.Stop(); err != nil {
+		t.Fatalf("worker exited with %v on SIGTERM:\n%s", err, w.Logs())
 	}
 	if took := time.Since(start); took > 15*time.Second {
 		t.Errorf("stopping took %v, past asynq's shutdown timeout", took)

@@ -1,0 +1,139 @@
+// Package testproc builds stepcollect's binaries and runs them as real
+// processes for tests that drive them from outside, as NanoMDM and a
+// workflow engine would.
+package testproc
+
+import (
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Build compiles the main packages (module paths relative to the module
+// root, like "cmd/api") into dir and returns their paths by name. Call it
+// from TestMain.
+func Build(dir string, pkgs ...string) (map[string]string, error) {
+	root, err := moduleRoot()
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]string{}
+	for _, p := range pkgs {
+		bin := filepath.Join(dir, filepath.Base(p))
+		cmd := exec.Command("go", "build", "-race", "-o", bin, "./"+p)
+		cmd.Dir = root
+		if b, err := cmd.CombinedOutput(); err != nil {
+			return nil, fmt.Errorf("building %s: %v\n%s", p, err, b)
+		}
+		out[filepath.Base(p)] = bin
+	}
+	return out, nil
+}
+
+func moduleRoot() (string, error) {
+	b, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		return "", err
+	}
+	return filepath.Dir(strings.TrimSpace(string(b))), nil
+}
+
+// FreeAddr returns a 127.0.0.1 address with a port free right now.
+func FreeAddr(t testing.TB) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// Proc is a running binary.
+type Proc struct {
+	Cmd  *exec.Cmd
+	logs *syncBuffer
+}
+
+// Start runs bin with args and extra environment (NAME=value), killing it
+// when t ends if it is still running.
+func Start(t testing.TB, bin string, env []string, args ...string) *Proc {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), env...)
+	logs := &syncBuffer{}
+	cmd.Stdout, cmd.Stderr = logs, logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &Proc{Cmd: cmd, logs: logs}
+	t.Cleanup(func() {
+		if p.Cmd.ProcessState == nil {
+			p.Cmd.Process.Kill()
+			p.Cmd.Wait()
+		}
+		if t.Failed() {
+			t.Logf("%s output:\n%s", filepath.Base(bin), p.Logs())
+		}
+	})
+	return p
+}
+
+// Logs is everything the process wrote so far.
+func (p *Proc) Logs() string { return p.logs.String() }
+
+// Stop sends SIGTERM and waits, returning the exit error.
+func (p *Proc) Stop() error {
+	p.Cmd.Process.Signal(syscall.SIGTERM)
+	return p.Cmd.Wait()
+}
+
+// Kill sends SIGKILL and waits.
+func (p *Proc) Kill() {
+	p.Cmd.Process.Signal(syscall.SIGKILL)
+	p.Cmd.Wait()
+}
+
+// AwaitHTTP waits until GET url answers 200, or fails t after within.
+func AwaitHTTP(t testing.TB, p *Proc, url string, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		resp, err := http.Get(url)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return
+			}
+		}
+		if p.Cmd.ProcessState != nil || time.Now().After(deadline) {
+			t.Fatalf("%s did not answer 200 within %v (last: %v):\n%s", url, within, err, p.Logs())
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
