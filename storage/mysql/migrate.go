@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/pressly/goose/v3"
-	"github.com/pressly/goose/v3/lock"
 )
 
 //go:embed migrations/*.sql
@@ -30,7 +29,28 @@ const migrateLockName = "stepcollect.migrate."
 // NanoCMD v0.7.1's schema with IF NOT EXISTS, so a database NanoCMD made is
 // adopted unchanged; later migrations only add. Idempotent, and safe to call
 // from many processes at once.
+//
+// The lock is held on a connection of its own for the whole of it, not
+// through goose's session locker: goose checks for pending migrations, and
+// creates its version table, before taking that lock, and on MySQL a
+// CREATE TABLE commits at once, so a second process could see the table
+// before its first row and fail. So Migrate needs two connections of db's
+// pool.
 func Migrate(ctx context.Context, db *sql.DB) error {
+	if db.Stats().MaxOpenConnections == 1 {
+		return errors.New("migrate: needs a pool of at least two connections (one holds the migration lock)")
+	}
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
+	defer conn.Close()
+	l := getLock{name: migrateLockName}
+	if err := l.SessionLock(ctx, conn); err != nil {
+		return err
+	}
+	defer l.SessionUnlock(context.WithoutCancel(ctx), conn)
+
 	p, err := newMigrationProvider(db)
 	if err != nil {
 		return err
@@ -62,7 +82,6 @@ func newMigrationProvider(db *sql.DB) (*goose.Provider, error) {
 	}
 	p, err := goose.NewProvider(goose.DialectMySQL, db, fsys,
 		goose.WithTableName(MigrationsTable),
-		goose.WithSessionLocker(getLock{name: migrateLockName}),
 		goose.WithDisableGlobalRegistry(true),
 	)
 	if err != nil {
@@ -71,12 +90,9 @@ func newMigrationProvider(db *sql.DB) (*goose.Provider, error) {
 	return p, nil
 }
 
-// getLock is a goose SessionLocker on MySQL's GET_LOCK, which goose only
-// provides for Postgres. The lock lives with the connection goose migrates
-// on, so a process that dies mid-migration releases it.
+// getLock is a lock on MySQL's GET_LOCK, scoped to the database. It lives
+// with its connection, so a process that dies mid-migration releases it.
 type getLock struct{ name string }
-
-var _ lock.SessionLocker = getLock{}
 
 func (l getLock) SessionLock(ctx context.Context, conn *sql.Conn) error {
 	for {
