@@ -90,3 +90,21 @@ func FromStepResult(typ string, stepID int64, r *nanostorage.StepResult, at time
 	}
 	return ev
 }
+
+// Due builds the step.due event of step stepID: all its enrollments, and
+// the raw commands to send to them now.
+func Due(stepID int64, se *nanostorage.StepEnqueueing, at time.Time) *Event {
+	ev := &Event{
+		EventID:   ID(StepDue, stepID, ""),
+		Type:      StepDue,
+		CreatedAt: at.UTC(),
+		Step: Step{
+			StepID: stepID, WorkflowName: se.WorkflowName, InstanceID: se.InstanceID, StepName: se.Name,
+			Context: se.Context, IDs: se.IDs, Commands: make([]Command, 0, len(se.Commands)),
+		},
+	}
+	for _, c := range se.Commands {
+		ev.Step.Commands = append(ev.Step.Commands, Command{CommandUUID: c.CommandUUID, RequestType: c.RequestType, Command: c.Command})
+	}
+	return ev
+}

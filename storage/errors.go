@@ -45,3 +45,7 @@ var ErrUnknownCommand = &Error{Code: ENotFound, Message: "no step holds this com
 // ErrStepNotFound is returned (wrapped) for a step that does not exist: it
 // was collected, or never was.
 var ErrStepNotFound = &Error{Code: ENotFound, Message: "no such step (it may have completed and been collected)"}
+
+// ErrEventNotClaimable is returned (wrapped) when an outbox event is gone
+// (delivered) or another delivery holds it right now.
+var ErrEventNotClaimable = &Error{Code: ENotFound, Message: "event delivered already, or being delivered elsewhere"}

@@ -104,3 +104,25 @@ type StepStatus struct {
 	CreatedAt      time.Time `json:"created_at"`
 	OutstandingIDs int       `json:"outstanding_ids"`
 }
+
+// OutboxRef names one event in the outbox.
+type OutboxRef struct {
+	ID      int64  `json:"id"` // the outbox row
+	EventID string `json:"event_id"`
+	Type    string `json:"type"`
+}
+
+// OutboxEvent is an event claimed for delivery.
+type OutboxEvent struct {
+	OutboxRef
+	Payload  []byte // the JSON body, exactly as delivered on every attempt
+	Attempts int    // including this one
+}
+
+// EventSink learns of events the storage wrote to the outbox, after the
+// transaction that wrote them committed, to put their delivery on the
+// queue. Like the Collector, its error is logged, never returned: the
+// events are committed, and the sweeper offers them again.
+type EventSink interface {
+	EventsWritten(ctx context.Context, refs []OutboxRef) error
+}

@@ -3,7 +3,6 @@ package mysql
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -48,13 +47,15 @@ func (s *Storage) StoreCommandResponseAndRetrieveCompletedStep(ctx context.Conte
 	}
 
 	var (
-		ret    *nanostorage.StepResult
-		prev   *nanostorage.StepResult // what a try whose COMMIT answer was lost computed
-		stepID int64
+		ret         *nanostorage.StepResult
+		prev        *nanostorage.StepResult // what a try whose COMMIT answer was lost computed
+		prevWritten []storage.OutboxRef     // and the events it wrote
+		stepID      int64
+		written     []storage.OutboxRef
 	)
 	start := time.Now()
 	err := s.inTx(ctx, "store command result", func(ctx context.Context, tx *sql.Tx, a *attempt) error {
-		ret = nil
+		ret, written = nil, nil
 		rows, err := lockEnrollmentStepRows(ctx, tx, id, sc.CommandUUID)
 		if err != nil {
 			return err
@@ -63,7 +64,7 @@ func (s *Storage) StoreCommandResponseAndRetrieveCompletedStep(ctx context.Conte
 			if a.ambiguousCommit && prev != nil {
 				// Our rows are gone and an earlier try committed, or may
 				// have, the deletion of exactly these rows: it did.
-				ret = prev
+				ret, written = prev, prevWritten
 				return nil
 			}
 			return storage.ErrUnknownCommand
@@ -120,11 +121,13 @@ func (s *Storage) StoreCommandResponseAndRetrieveCompletedStep(ctx context.Conte
 			return fmt.Errorf("releasing step %d: %w", stepID, err)
 		}
 		if s.outbox {
-			if err := insertEvent(ctx, tx, events.FromStepResult(events.StepCompleted, stepID, ret, time.Now()), id); err != nil {
+			ref, err := insertEvent(ctx, tx, events.FromStepResult(events.StepCompleted, stepID, ret, time.Now()), id)
+			if err != nil {
 				return err
 			}
+			written = []storage.OutboxRef{ref}
 		}
-		prev = ret
+		prev, prevWritten = ret, written
 		return nil
 	})
 	s.observer.ResultCommitted(time.Since(start), ret != nil, err)
@@ -137,6 +140,7 @@ func (s *Storage) StoreCommandResponseAndRetrieveCompletedStep(ctx context.Conte
 	if ret == nil {
 		return nil, nil
 	}
+	s.eventsWritten(ctx, written)
 	s.afterRelease(ctx, []int64{stepID})
 	return ret, nil
 }
@@ -209,18 +213,6 @@ func (s *Storage) RetrieveCommandRequestType(ctx context.Context, id string, uui
 		return "", false, fmt.Errorf("request type (enrollment %s, command %s): %w", id, uuid, err)
 	}
 	return rt, true, nil
-}
-
-// insertEvent writes ev to the outbox inside tx.
-func insertEvent(ctx context.Context, tx *sql.Tx, ev *events.Event, enrollment string) error {
-	payload, err := json.Marshal(ev)
-	if err != nil {
-		return fmt.Errorf("encoding %s event: %w", ev.Type, err)
-	}
-	if _, err := tx.ExecContext(ctx, qInsertOutbox, ev.EventID, ev.Type, ev.Step.StepID, nullString(enrollment), payload); err != nil {
-		return fmt.Errorf("writing %s event %s to the outbox: %w", ev.Type, ev.EventID, err)
-	}
-	return nil
 }
 
 // StepStatus returns what is known of step id while it exists, and an

@@ -46,6 +46,7 @@ type Storage struct {
 	observer  storage.Observer
 	txOpts    *sql.TxOptions
 	outbox    bool
+	sink      storage.EventSink
 
 	maxAttempts int
 	backoffBase time.Duration
@@ -63,6 +64,7 @@ type config struct {
 	isolation   sql.IsolationLevel
 	maxAttempts int
 	outbox      bool
+	sink        storage.EventSink
 }
 
 // Option configures a Storage.
@@ -101,6 +103,10 @@ func WithIsolation(l sql.IsolationLevel) Option { return func(c *config) { c.iso
 // directly, does not need it.
 func WithOutbox() Option { return func(c *config) { c.outbox = true } }
 
+// WithEventSink tells sink, after each commit, which events it wrote to the
+// outbox, so their delivery can be queued at once.
+func WithEventSink(sink storage.EventSink) Option { return func(c *config) { c.sink = sink } }
+
 // WithMaxAttempts bounds how many times one transaction is tried when it hits
 // a deadlock, a lock wait timeout or a broken connection. Default 10.
 func WithMaxAttempts(n int) Option { return func(c *config) { c.maxAttempts = n } }
@@ -118,6 +124,7 @@ func New(opts ...Option) (*Storage, error) {
 		collector:   cfg.collector,
 		observer:    cfg.observer,
 		outbox:      cfg.outbox,
+		sink:        cfg.sink,
 		maxAttempts: max(cfg.maxAttempts, 1),
 		backoffBase: 5 * time.Millisecond,
 		backoffMax:  500 * time.Millisecond,

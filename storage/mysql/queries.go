@@ -183,6 +183,32 @@ UPDATE id_commands SET last_push = ? WHERE (enrollment_id, command_uuid) IN ((?,
 INSERT INTO stepcollect_outbox (event_id, event_type, step_id, enrollment_id, payload)
 VALUES (?, ?, ?, ?, ?)`
 
+	// Delivery: claim one event by key for a lease. Nobody else delivers it
+	// until the lease runs out.
+	qClaimEvent = `
+UPDATE stepcollect_outbox SET attempts = attempts + 1, lease_until = ?
+WHERE id = ? AND (lease_until IS NULL OR lease_until <= ?)`
+
+	qGetEvent = `
+SELECT event_id, event_type, payload, attempts FROM stepcollect_outbox WHERE id = ?`
+
+	qAckEvent = `DELETE FROM stepcollect_outbox WHERE id = ?`
+
+	qFailEvent = `
+UPDATE stepcollect_outbox SET last_error = ?, lease_until = ? WHERE id = ?`
+
+	// Sweeper: events nobody is delivering: never claimed and older than a
+	// grace period (their enqueue was lost), or whose lease ran out (their
+	// retries did). Each by its own index.
+	qScanUnleasedEvents = `
+SELECT id, event_id, event_type FROM stepcollect_outbox
+WHERE lease_until IS NULL AND created_at < ? AND id > ? ORDER BY id LIMIT ?`
+	qScanExpiredEvents = `
+SELECT id, event_id, event_type FROM stepcollect_outbox
+WHERE lease_until <= ? ORDER BY lease_until LIMIT ?`
+
+	qCountOutbox = `SELECT COUNT(*) FROM stepcollect_outbox`
+
 	qStepStatus = `
 SELECT s.workflow_name, s.instance_id, s.step_name, s.created_at,
   (SELECT COUNT(DISTINCT c.enrollment_id) FROM id_commands c WHERE c.step_id = s.id)

@@ -7,6 +7,9 @@ import (
 	"time"
 
 	nanostorage "github.com/micromdm/nanocmd/engine/storage"
+
+	"github.com/stepcollect/stepcollect/events"
+	"github.com/stepcollect/stepcollect/storage"
 )
 
 // Worker batches: each is one short transaction that claims its steps with
@@ -27,37 +30,60 @@ func (s *Storage) RetrieveStepsToEnqueue(ctx context.Context, pushTime time.Time
 		return nil, fmt.Errorf("retrieving due steps: empty push time")
 	}
 	var out []*nanostorage.StepEnqueueing
+	err := s.dueSteps(ctx, pushTime, func(_ context.Context, _ *sql.Tx, _ int64, se *nanostorage.StepEnqueueing) error {
+		out = append(out, se)
+		return nil
+	})
+	return out, err
+}
+
+// SendDueSteps writes a step.due event to the outbox for every step whose
+// NotUntil is before now, in the transaction that marks it sent, and
+// returns how many. The service's replacement for RetrieveStepsToEnqueue:
+// the workflow engine learns of due steps through the outbox.
+func (s *Storage) SendDueSteps(ctx context.Context, now time.Time) (int, error) {
+	var refs []storage.OutboxRef
+	err := s.dueSteps(ctx, now, func(ctx context.Context, tx *sql.Tx, stepID int64, se *nanostorage.StepEnqueueing) error {
+		ref, err := insertEvent(ctx, tx, events.Due(stepID, se, now), "")
+		refs = append(refs, ref)
+		return err
+	})
+	s.eventsWritten(ctx, refs)
+	return len(refs), err
+}
+
+// dueStepFn receives, inside the transaction that marks it sent, each due
+// step that still has enrollments to send to.
+type dueStepFn func(ctx context.Context, tx *sql.Tx, stepID int64, se *nanostorage.StepEnqueueing) error
+
+// dueSteps claims due steps in batches and hands each to emit.
+func (s *Storage) dueSteps(ctx context.Context, pushTime time.Time, emit dueStepFn) error {
 	for {
-		var batch []*nanostorage.StepEnqueueing
+		claimed := 0
 		err := s.inTx(ctx, "enqueue due steps", func(ctx context.Context, tx *sql.Tx, _ *attempt) error {
-			batch = batch[:0]
-			rs, err := tx.QueryContext(ctx, qClaimDueSteps, pushTime, dueStepsPerBatch)
+			type dueRow struct {
+				id int64
+				se *nanostorage.StepEnqueueing
+			}
+			rows, err := queryList(ctx, tx, qClaimDueSteps, []any{pushTime, dueStepsPerBatch}, func(rs *sql.Rows) (dueRow, error) {
+				r := dueRow{se: &nanostorage.StepEnqueueing{}}
+				var name sql.NullString
+				err := rs.Scan(&r.id, &r.se.WorkflowName, &r.se.InstanceID, &name)
+				r.se.Name = name.String
+				return r, err
+			})
 			if err != nil {
 				return fmt.Errorf("claiming due steps: %w", err)
 			}
-			byID := map[int64]*nanostorage.StepEnqueueing{}
-			var stepIDs []int64
-			for rs.Next() {
-				var id int64
-				var name sql.NullString
-				se := &nanostorage.StepEnqueueing{}
-				if err := rs.Scan(&id, &se.WorkflowName, &se.InstanceID, &name); err != nil {
-					rs.Close()
-					return fmt.Errorf("claiming due steps: %w", err)
-				}
-				se.Name = name.String
-				byID[id] = se
-				stepIDs = append(stepIDs, id)
-				batch = append(batch, se)
-			}
-			rs.Close()
-			if err := rs.Err(); err != nil {
-				return fmt.Errorf("claiming due steps: %w", err)
-			}
-			if len(stepIDs) == 0 {
+			claimed = len(rows)
+			if claimed == 0 {
 				return nil
 			}
-
+			byID := make(map[int64]*nanostorage.StepEnqueueing, len(rows))
+			stepIDs := make([]int64, len(rows))
+			for i, r := range rows {
+				byID[r.id], stepIDs[i] = r.se, r.id
+			}
 			_, err = queryList(ctx, tx, expand(qGetStepCommands, len(stepIDs)), args(stepIDs), func(rs *sql.Rows) (struct{}, error) {
 				var id int64
 				var c nanostorage.StepCommandRaw
@@ -78,7 +104,6 @@ func (s *Storage) RetrieveStepsToEnqueue(ctx context.Context, pushTime time.Time
 			if err != nil {
 				return fmt.Errorf("reading enrollments of steps %v: %w", stepIDs, err)
 			}
-
 			if _, err := tx.ExecContext(ctx, expand(qDeleteStepCommands, len(stepIDs)), args(stepIDs)...); err != nil {
 				return fmt.Errorf("dropping raw commands of steps %v: %w", stepIDs, err)
 			}
@@ -88,20 +113,23 @@ func (s *Storage) RetrieveStepsToEnqueue(ctx context.Context, pushTime time.Time
 			if _, err := tx.ExecContext(ctx, expand(qClearNotUntil, len(stepIDs)), args(stepIDs)...); err != nil {
 				return fmt.Errorf("marking steps %v sent: %w", stepIDs, err)
 			}
+			for _, r := range rows {
+				// A step whose enrollments all answered or were cancelled
+				// before it was due has nobody to send to.
+				if len(r.se.IDs) == 0 {
+					continue
+				}
+				if err := emit(ctx, tx, r.id, r.se); err != nil {
+					return err
+				}
+			}
 			return nil
 		})
 		if err != nil {
-			return out, fmt.Errorf("retrieving due steps: %w", err)
+			return fmt.Errorf("retrieving due steps: %w", err)
 		}
-		for _, se := range batch {
-			// A step whose enrollments all answered or were cancelled
-			// before it was due has nobody to send to.
-			if len(se.IDs) > 0 {
-				out = append(out, se)
-			}
-		}
-		if len(batch) < dueStepsPerBatch {
-			return out, nil
+		if claimed < dueStepsPerBatch {
+			return nil
 		}
 	}
 }
@@ -113,13 +141,39 @@ func (s *Storage) RetrieveStepsToEnqueue(ctx context.Context, pushTime time.Time
 // completes first (and is not reported as timed out) or finds its command
 // gone.
 func (s *Storage) RetrieveTimedOutSteps(ctx context.Context) ([]*nanostorage.StepResult, error) {
-	now := time.Now()
 	var out []*nanostorage.StepResult
+	err := s.timedOutSteps(ctx, time.Now(), func(_ context.Context, _ *sql.Tx, _ int64, r *nanostorage.StepResult) error {
+		out = append(out, r)
+		return nil
+	})
+	return out, err
+}
+
+// TimeOutSteps writes a step.timed_out event to the outbox for every
+// enrollment of every step whose timeout passed, in the transaction that
+// deletes it, and returns how many. The service's replacement for
+// RetrieveTimedOutSteps.
+func (s *Storage) TimeOutSteps(ctx context.Context, now time.Time) (int, error) {
+	var refs []storage.OutboxRef
+	err := s.timedOutSteps(ctx, now, func(ctx context.Context, tx *sql.Tx, stepID int64, r *nanostorage.StepResult) error {
+		ref, err := insertEvent(ctx, tx, events.FromStepResult(events.StepTimedOut, stepID, r, now), r.IDs[0])
+		refs = append(refs, ref)
+		return err
+	})
+	s.eventsWritten(ctx, refs)
+	return len(refs), err
+}
+
+// timedOutFn receives, inside the transaction that deletes it, each
+// enrollment's part of a timed-out step.
+type timedOutFn func(ctx context.Context, tx *sql.Tx, stepID int64, r *nanostorage.StepResult) error
+
+// timedOutSteps claims timed-out steps in batches and hands each
+// enrollment's result to emit.
+func (s *Storage) timedOutSteps(ctx context.Context, now time.Time, emit timedOutFn) error {
 	for {
-		var batch []*nanostorage.StepResult
-		var claimed int
+		claimed := 0
 		err := s.inTx(ctx, "time out steps", func(ctx context.Context, tx *sql.Tx, _ *attempt) error {
-			batch = batch[:0]
 			type stepRow struct {
 				id  int64
 				ctx nanostorage.StepContext
@@ -145,7 +199,11 @@ func (s *Storage) RetrieveTimedOutSteps(ctx context.Context) ([]*nanostorage.Ste
 				if err != nil {
 					return err
 				}
-				batch = append(batch, results...)
+				for _, r := range results {
+					if err := emit(ctx, tx, st.id, r); err != nil {
+						return err
+					}
+				}
 			}
 			if _, err := tx.ExecContext(ctx, expand(qDeleteStepCommands, len(stepIDs)), args(stepIDs)...); err != nil {
 				return fmt.Errorf("deleting raw commands of timed-out steps %v: %w", stepIDs, err)
@@ -156,11 +214,10 @@ func (s *Storage) RetrieveTimedOutSteps(ctx context.Context) ([]*nanostorage.Ste
 			return nil
 		})
 		if err != nil {
-			return out, fmt.Errorf("retrieving timed-out steps: %w", err)
+			return fmt.Errorf("retrieving timed-out steps: %w", err)
 		}
-		out = append(out, batch...)
 		if claimed < timedOutStepsPerBatch {
-			return out, nil
+			return nil
 		}
 	}
 }

@@ -1,0 +1,118 @@
+package mysql
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/stepcollect/stepcollect/events"
+	"github.com/stepcollect/stepcollect/logkeys"
+	"github.com/stepcollect/stepcollect/storage"
+)
+
+// insertEvent writes ev to the outbox inside tx and returns its row.
+func insertEvent(ctx context.Context, tx *sql.Tx, ev *events.Event, enrollment string) (storage.OutboxRef, error) {
+	payload, err := json.Marshal(ev)
+	if err != nil {
+		return storage.OutboxRef{}, fmt.Errorf("encoding %s event: %w", ev.Type, err)
+	}
+	res, err := tx.ExecContext(ctx, qInsertOutbox, ev.EventID, ev.Type, ev.Step.StepID, nullString(enrollment), payload)
+	if err != nil {
+		return storage.OutboxRef{}, fmt.Errorf("writing %s event %s to the outbox: %w", ev.Type, ev.EventID, err)
+	}
+	id, err := res.LastInsertId()
+	if err != nil {
+		return storage.OutboxRef{}, fmt.Errorf("writing %s event %s to the outbox: %w", ev.Type, ev.EventID, err)
+	}
+	return storage.OutboxRef{ID: id, EventID: ev.EventID, Type: ev.Type}, nil
+}
+
+// eventsWritten tells the event sink, after the commit, what was written.
+func (s *Storage) eventsWritten(ctx context.Context, refs []storage.OutboxRef) {
+	if s.sink == nil || len(refs) == 0 {
+		return
+	}
+	if err := s.sink.EventsWritten(ctx, refs); err != nil {
+		s.logger.Warn().Err(err).Int(logkeys.Count, len(refs)).Msg("handing events to delivery; the sweeper will offer them again")
+	}
+}
+
+// ClaimEvent claims outbox row id for delivery until now+lease and returns
+// it. An event already delivered, or held by another delivery, is an error
+// wrapping storage.ErrEventNotClaimable.
+func (s *Storage) ClaimEvent(ctx context.Context, id int64, lease time.Duration) (*storage.OutboxEvent, error) {
+	now := time.Now()
+	res, err := s.db.ExecContext(ctx, qClaimEvent, now.Add(lease), id, now)
+	if err != nil {
+		return nil, fmt.Errorf("claiming event %d: %w", id, err)
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return nil, fmt.Errorf("claiming event %d: %w", id, err)
+	} else if n == 0 {
+		return nil, fmt.Errorf("event %d: %w", id, storage.ErrEventNotClaimable)
+	}
+	ev := &storage.OutboxEvent{OutboxRef: storage.OutboxRef{ID: id}}
+	err = s.db.QueryRowContext(ctx, qGetEvent, id).Scan(&ev.EventID, &ev.Type, &ev.Payload, &ev.Attempts)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("event %d: %w", id, storage.ErrEventNotClaimable)
+	} else if err != nil {
+		return nil, fmt.Errorf("reading event %d: %w", id, err)
+	}
+	return ev, nil
+}
+
+// AckEvent removes a delivered event from the outbox.
+func (s *Storage) AckEvent(ctx context.Context, id int64) error {
+	if _, err := s.db.ExecContext(ctx, qAckEvent, id); err != nil {
+		return fmt.Errorf("acknowledging event %d: %w", id, err)
+	}
+	return nil
+}
+
+// FailEvent records a failed delivery and leaves the event alone until
+// retryAt: the queue's own retry, or the sweeper's re-offer, after that.
+func (s *Storage) FailEvent(ctx context.Context, id int64, reason string, retryAt time.Time) error {
+	if len(reason) > 1000 {
+		reason = reason[:1000]
+	}
+	if _, err := s.db.ExecContext(ctx, qFailEvent, reason, retryAt, id); err != nil {
+		return fmt.Errorf("recording failed delivery of event %d: %w", id, err)
+	}
+	return nil
+}
+
+// ScanUndeliveredEvents returns up to limit events nobody is delivering:
+// never claimed and created before grace ago (their enqueue was lost), or
+// whose lease ran out (their retries did).
+func (s *Storage) ScanUndeliveredEvents(ctx context.Context, grace time.Duration, limit int) ([]storage.OutboxRef, error) {
+	now := time.Now()
+	scan := func(rs *sql.Rows) (storage.OutboxRef, error) {
+		var r storage.OutboxRef
+		return r, rs.Scan(&r.ID, &r.EventID, &r.Type)
+	}
+	expired, err := queryList(ctx, s.db, qScanExpiredEvents, []any{now, limit}, scan)
+	if err != nil {
+		return nil, fmt.Errorf("scanning expired outbox leases: %w", err)
+	}
+	unleased, err := queryList(ctx, s.db, qScanUnleasedEvents, []any{now.Add(-grace), 0, limit}, scan)
+	if err != nil {
+		return nil, fmt.Errorf("scanning unclaimed outbox events: %w", err)
+	}
+	out := append(expired, unleased...)
+	if len(out) > limit {
+		out = out[:limit]
+	}
+	return out, nil
+}
+
+// OutboxPending counts the events not yet acknowledged.
+func (s *Storage) OutboxPending(ctx context.Context) (int, error) {
+	var n int
+	if err := s.db.QueryRowContext(ctx, qCountOutbox).Scan(&n); err != nil {
+		return 0, fmt.Errorf("counting the outbox: %w", err)
+	}
+	return n, nil
+}
