@@ -87,7 +87,7 @@ func NewAPI(ctx context.Context, cfg APIConfig, logger zerolog.Logger) (*API, er
 	m := newMetrics(redisOpt)
 	enq := tasks.NewEnqueuer(redisOpt, tasks.OnEnqueueFailure(m.Enqueue.Failed))
 	db, store, err := openStorage(ctx, cfg.MySQLDSN, cfg.MySQLMaxConns, cfg.Migrate, logger,
-		stepmysql.WithObserver(m.Storage), stepmysql.WithCollector(enq), stepmysql.WithOutbox())
+		stepmysql.WithObserver(m.Storage), stepmysql.WithCollector(enq), stepmysql.WithOutbox(), stepmysql.WithEventSink(enq))
 	if err != nil {
 		enq.Close()
 		return nil, err

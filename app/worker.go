@@ -18,10 +18,12 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/stepcollect/stepcollect/collector"
+	"github.com/stepcollect/stepcollect/delivery"
 	"github.com/stepcollect/stepcollect/httpapi"
 	"github.com/stepcollect/stepcollect/internal/config"
 	"github.com/stepcollect/stepcollect/internal/logging"
 	"github.com/stepcollect/stepcollect/metrics"
+	"github.com/stepcollect/stepcollect/scheduler"
 	stepmysql "github.com/stepcollect/stepcollect/storage/mysql"
 	"github.com/stepcollect/stepcollect/tasks"
 )
@@ -40,12 +42,19 @@ type WorkerConfig struct {
 	MetricsListen string
 	Concurrency   int
 	SweepInterval time.Duration
-	LogLevel      string
-	LogFormat     string
+	// ScheduleInterval is how often timeouts and NotUntil are acted on.
+	ScheduleInterval time.Duration
+	CallbackURL      string
+	CallbackHMACKey  string
+	LogLevel         string
+	LogFormat        string
 	// ShutdownTimeout is how long in-flight tasks get to finish on stop.
 	ShutdownTimeout time.Duration
 	// MySQLMaxConns bounds the pool (default 64).
 	MySQLMaxConns int
+	// EventGrace is how old an undelivered, never-claimed event must be
+	// before the sweeper offers it again (default 30s).
+	EventGrace time.Duration
 }
 
 // ParseWorkerConfig reads the worker's flags, with environment fallbacks.
@@ -58,11 +67,15 @@ func ParseWorkerConfig(args []string, getenv func(string) string) (WorkerConfig,
 	listen := s.String("metrics-listen", "STEPCOLLECT_METRICS_LISTEN", "127.0.0.1:9101", "address for /metrics, /healthz and /readyz")
 	conc := s.Int("concurrency", "STEPCOLLECT_CONCURRENCY", 4*runtime.NumCPU(), "tasks processed at once (collection waits on MySQL, not CPU)")
 	sweep := s.Duration("sweep-interval", "STEPCOLLECT_SWEEP_INTERVAL", 30*time.Second, "time between sweeps across all replicas; 0 disables the sweeper")
+	schedule := s.Duration("schedule-interval", "STEPCOLLECT_SCHEDULE_INTERVAL", 10*time.Second, "how often step timeouts and not_until are acted on, across all replicas; 0 disables")
+	callback := s.String("callback-url", "STEPCOLLECT_CALLBACK_URL", "", "where events are POSTed; none: events wait in the outbox")
+	callbackKey := s.String("callback-hmac-key", "STEPCOLLECT_CALLBACK_HMAC_KEY", "", "signs each callback body (X-Stepcollect-Signature)")
 	level := s.String("log-level", "STEPCOLLECT_LOG_LEVEL", "info", "debug, info, warn or error")
 	format := s.String("log-format", "STEPCOLLECT_LOG_FORMAT", "json", "json, or console for people")
 	s.Check(config.MySQLDSN("mysql-dsn", dsn))
 	s.Check(config.RedisURL("redis-url", redis))
 	s.Check(config.ListenAddr("metrics-listen", listen))
+	s.Check(config.HTTPURL("callback-url", callback))
 	s.Check(func() error {
 		if *conc < 1 {
 			return fmt.Errorf("-concurrency: %d is less than 1", *conc)
@@ -75,23 +88,28 @@ func ParseWorkerConfig(args []string, getenv func(string) string) (WorkerConfig,
 	}
 	return WorkerConfig{
 		MySQLDSN: *dsn, RedisURL: *redis, Migrate: *migrate, MetricsListen: *listen,
-		Concurrency: *conc, SweepInterval: *sweep, LogLevel: *level, LogFormat: *format,
+		Concurrency: *conc, SweepInterval: *sweep, ScheduleInterval: *schedule, CallbackURL: *callback,
+		CallbackHMACKey: *callbackKey, LogLevel: *level, LogFormat: *format,
 		ShutdownTimeout: 8 * time.Second,
 	}, s, nil
 }
 
-// Worker is the asynq server that collects steps, and its sweeper.
+// Worker is the asynq servers that collect steps and deliver events, and
+// the tickers of the sweeper and the scheduler.
 type Worker struct {
-	cfg     WorkerConfig
-	logger  zerolog.Logger
-	db      *sql.DB
-	store   *stepmysql.Storage
-	enq     *tasks.Enqueuer
-	srv     *asynq.Server
-	mux     *asynq.ServeMux
-	sweeper *collector.Sweeper
-	http    *http.Server
-	ln      net.Listener
+	cfg        WorkerConfig
+	logger     zerolog.Logger
+	db         *sql.DB
+	store      *stepmysql.Storage
+	enq        *tasks.Enqueuer
+	srv        *asynq.Server // collection, sweeps, schedules
+	mux        *asynq.ServeMux
+	deliverer  *asynq.Server // deliveries, so a hung receiver never holds up collection
+	deliverMux *asynq.ServeMux
+	sweeper    *collector.Sweeper
+	scheduler  *scheduler.Scheduler
+	http       *http.Server
+	ln         net.Listener
 }
 
 // NewWorker connects to MySQL (migrating it if configured), prepares the
@@ -102,34 +120,31 @@ func NewWorker(ctx context.Context, cfg WorkerConfig, logger zerolog.Logger) (*W
 		return nil, fmt.Errorf("-redis-url: %w", err)
 	}
 	m := newMetrics(redisOpt)
-	db, store, err := openStorage(ctx, cfg.MySQLDSN, cfg.MySQLMaxConns, cfg.Migrate, logger, stepmysql.WithObserver(m.Storage))
+	enq := tasks.NewEnqueuer(redisOpt, tasks.OnEnqueueFailure(m.Enqueue.Failed))
+	db, store, err := openStorage(ctx, cfg.MySQLDSN, cfg.MySQLMaxConns, cfg.Migrate, logger,
+		stepmysql.WithObserver(m.Storage), stepmysql.WithOutbox(), stepmysql.WithEventSink(enq))
 	if err != nil {
+		enq.Close()
 		return nil, err
 	}
 
-	enq := tasks.NewEnqueuer(redisOpt, tasks.OnEnqueueFailure(m.Enqueue.Failed))
 	w := &Worker{cfg: cfg, logger: logger, db: db, store: store, enq: enq}
-	w.sweeper = collector.NewSweeper(collector.SweeperConfig{Interval: cfg.SweepInterval}, store, enq, m.Sweeper, logger.With().Str("component", "sweeper").Logger())
+	w.sweeper = collector.NewSweeper(collector.SweeperConfig{Interval: cfg.SweepInterval, OfferEvents: cfg.CallbackURL != "", EventGrace: cfg.EventGrace},
+		store, enq, m.Sweeper, m.Delivery, logger.With().Str("component", "sweeper").Logger())
+	w.scheduler = scheduler.New(cfg.ScheduleInterval, store, enq, logger.With().Str("component", "scheduler").Logger())
 
 	w.mux = asynq.NewServeMux()
 	w.mux.Handle(tasks.TypeCollect, collector.NewHandler(store, logger.With().Str("component", "collector").Logger()))
 	w.mux.Handle(tasks.TypeSweep, w.sweeper)
-	asynqLog := logger.With().Str("component", "asynq").Logger()
-	w.srv = asynq.NewServer(redisOpt, asynq.Config{
-		Concurrency:     cfg.Concurrency,
-		Queues:          tasks.Queues(),
-		ShutdownTimeout: cfg.ShutdownTimeout,
-		Logger:          logging.Asynq{L: asynqLog},
-		LogLevel:        asynqLevel(logger.GetLevel()),
-		ErrorHandler: asynq.ErrorHandlerFunc(func(ctx context.Context, t *asynq.Task, err error) {
-			asynqLog.Warn().Err(err).Str("task", t.Type()).Msg("task failed")
-		}),
-		HealthCheckFunc: func(err error) {
-			if err != nil {
-				asynqLog.Warn().Err(err).Msg("redis health check failed")
-			}
-		},
-	})
+	w.mux.Handle(tasks.TypeSchedule, w.scheduler)
+	w.srv = asynq.NewServer(redisOpt, asynqConfig(cfg, tasks.Queues(), logger.With().Str("component", "asynq").Logger()))
+
+	deliverMux := asynq.NewServeMux()
+	deliverMux.Handle(tasks.TypeDeliver, delivery.New(delivery.Config{URL: cfg.CallbackURL, HMACKey: []byte(cfg.CallbackHMACKey)},
+		store, m.Delivery, logger.With().Str("component", "delivery").Logger()))
+	w.deliverer = asynq.NewServer(redisOpt, asynqConfig(cfg, map[string]int{tasks.QueueDeliver: 1},
+		logger.With().Str("component", "asynq_delivery").Logger()))
+	w.deliverMux = deliverMux
 
 	w.ln, err = net.Listen("tcp", cfg.MetricsListen)
 	if err != nil {
@@ -161,13 +176,20 @@ func (w *Worker) Run(ctx context.Context) error {
 	if err := w.srv.Start(w.mux); err != nil {
 		return fmt.Errorf("starting asynq server: %w", err)
 	}
-	sweepDone := make(chan struct{})
-	go func() {
-		defer close(sweepDone)
-		w.sweeper.Run(ctx)
-	}()
+	if err := w.deliverer.Start(w.deliverMux); err != nil {
+		w.srv.Shutdown()
+		return fmt.Errorf("starting asynq delivery server: %w", err)
+	}
+	tickers := make(chan struct{}, 2)
+	go func() { w.sweeper.Run(ctx); tickers <- struct{}{} }()
+	go func() { w.scheduler.Run(ctx); tickers <- struct{}{} }()
+	callback := w.cfg.CallbackURL
+	if callback == "" {
+		callback = "none: events wait in the outbox"
+	}
 	w.logger.Info().Str("metrics", "http://"+w.MetricsAddr()+"/metrics").Int("concurrency", w.cfg.Concurrency).
-		Dur("sweep_interval", w.cfg.SweepInterval).Msg("worker started")
+		Dur("sweep_interval", w.cfg.SweepInterval).Dur("schedule_interval", w.cfg.ScheduleInterval).
+		Str("callback_url", callback).Msg("worker started")
 
 	var err error
 	select {
@@ -177,7 +199,9 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	w.logger.Info().Msg("worker stopping")
 	w.srv.Shutdown()
-	<-sweepDone
+	w.deliverer.Shutdown()
+	<-tickers
+	<-tickers
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	w.http.Shutdown(shutdownCtx)
@@ -185,11 +209,30 @@ func (w *Worker) Run(ctx context.Context) error {
 	return err
 }
 
+// asynqConfig is an asynq server's configuration for queues.
+func asynqConfig(cfg WorkerConfig, queues map[string]int, logger zerolog.Logger) asynq.Config {
+	return asynq.Config{
+		Concurrency:     cfg.Concurrency,
+		Queues:          queues,
+		ShutdownTimeout: cfg.ShutdownTimeout,
+		RetryDelayFunc:  tasks.RetryDelay,
+		Logger:          logging.Asynq{L: logger},
+		LogLevel:        asynqLevel(logger.GetLevel()),
+		ErrorHandler: asynq.ErrorHandlerFunc(func(ctx context.Context, t *asynq.Task, err error) {
+			logger.Debug().Err(err).Str("task", t.Type()).Msg("task failed; asynq retries it")
+		}),
+		HealthCheckFunc: func(err error) {
+			if err != nil {
+				logger.Warn().Err(err).Msg("redis health check failed")
+			}
+		},
+	}
+}
+
 // newMetrics is the full metric set, with asynq's queues read through an
 // Inspector that gives up quickly when Redis is down.
 func newMetrics(redisOpt asynq.RedisConnOpt) *metrics.Set {
-	return metrics.New(asynq.NewInspector(tasks.WithFastFailure(redisOpt)),
-		[]string{tasks.TypeCollect, tasks.TypeSweep}, tasks.QueueCollect, tasks.QueueSweep)
+	return metrics.New(asynq.NewInspector(tasks.WithFastFailure(redisOpt)), tasks.TaskTypes(), tasks.AllQueues()...)
 }
 
 func (w *Worker) close() {

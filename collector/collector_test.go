@@ -147,7 +147,7 @@ func TestSweepFindsEveryUnreferencedStepAcrossPages(t *testing.T) {
 	}
 	reg := prometheus.NewRegistry()
 	sm := metrics.NewSweeper(reg)
-	sw := collector.NewSweeper(collector.SweeperConfig{BatchSize: 4}, b.store, nil, sm, zerolog.Nop())
+	sw := collector.NewSweeper(collector.SweeperConfig{BatchSize: 4}, b.store, nil, sm, metrics.NewDelivery(reg), zerolog.Nop())
 	res, err := sw.Sweep(t.Context())
 	if err != nil {
 		t.Fatal(err)
@@ -188,7 +188,8 @@ func TestSweepDeletesRawCommandsOfStepsThatAreGone(t *testing.T) {
 	if _, err := b.db.Exec(`INSERT INTO step_commands (command_uuid, step_id, command, request_type) VALUES ('orphan', 999999, 'c', 'X')`); err != nil {
 		t.Fatal(err)
 	}
-	sw := collector.NewSweeper(collector.SweeperConfig{BatchSize: 1}, b.store, nil, metrics.NewSweeper(prometheus.NewRegistry()), zerolog.Nop())
+	reg := prometheus.NewRegistry()
+	sw := collector.NewSweeper(collector.SweeperConfig{BatchSize: 1}, b.store, nil, metrics.NewSweeper(reg), metrics.NewDelivery(reg), zerolog.Nop())
 	res, err := sw.Sweep(t.Context())
 	if err != nil || res.OrphanedStepCommands != 1 {
 		t.Fatalf("sweep %+v, %v; want 1 orphan deleted", res, err)

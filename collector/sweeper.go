@@ -2,7 +2,6 @@ package collector
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -19,11 +18,14 @@ type SweepStore interface {
 	ScanUnreferencedSteps(ctx context.Context, after int64, limit int) (storage.ScanPage, error)
 	ScanOrphanedStepCommands(ctx context.Context, after int64, limit int) (storage.ScanPage, error)
 	DeleteOrphanedStepCommands(ctx context.Context, stepIDs []int64) (int64, error)
+	ScanUndeliveredEvents(ctx context.Context, grace time.Duration, after int64, limit int) ([]storage.OutboxRef, error)
+	OutboxPending(ctx context.Context) (int, error)
 }
 
-// SweepEnqueuer puts a slot's sweep task on the queue.
+// SweepEnqueuer puts a slot's sweep task, and deliveries, on the queue.
 type SweepEnqueuer interface {
 	EnqueueSweep(ctx context.Context, slot time.Time, interval time.Duration) error
+	EventsWritten(ctx context.Context, refs []storage.OutboxRef) error
 }
 
 // SweeperConfig configures a Sweeper.
@@ -36,6 +38,13 @@ type SweeperConfig struct {
 	// RetryEvery is how often a replica retries a slot's enqueue that
 	// failed (Redis down). Default 1s.
 	RetryEvery time.Duration
+	// OfferEvents makes the sweep queue a delivery for every outbox event
+	// nobody is delivering (set when a callback URL is configured).
+	OfferEvents bool
+	// EventGrace is how old a never-claimed event must be before the sweep
+	// offers it: younger ones are still on their way through the queue.
+	// Default 30s.
+	EventGrace time.Duration
 }
 
 // Sweeper finds and collects what a lost enqueue left: unreferenced steps,
@@ -44,22 +53,26 @@ type SweeperConfig struct {
 // any number of replicas: see the tasks package for why exactly one sweep
 // runs per interval.
 type Sweeper struct {
-	cfg     SweeperConfig
-	store   SweepStore
-	enq     SweepEnqueuer
-	metrics *metrics.Sweeper
-	logger  zerolog.Logger
+	cfg      SweeperConfig
+	store    SweepStore
+	enq      SweepEnqueuer
+	metrics  *metrics.Sweeper
+	delivery *metrics.Delivery
+	logger   zerolog.Logger
 }
 
 // NewSweeper returns a Sweeper.
-func NewSweeper(cfg SweeperConfig, store SweepStore, enq SweepEnqueuer, m *metrics.Sweeper, logger zerolog.Logger) *Sweeper {
+func NewSweeper(cfg SweeperConfig, store SweepStore, enq SweepEnqueuer, m *metrics.Sweeper, dm *metrics.Delivery, logger zerolog.Logger) *Sweeper {
 	if cfg.BatchSize <= 0 {
 		cfg.BatchSize = 1000
 	}
 	if cfg.RetryEvery <= 0 {
 		cfg.RetryEvery = time.Second
 	}
-	return &Sweeper{cfg: cfg, store: store, enq: enq, metrics: m, logger: logger}
+	if cfg.EventGrace <= 0 {
+		cfg.EventGrace = 30 * time.Second
+	}
+	return &Sweeper{cfg: cfg, store: store, enq: enq, metrics: m, delivery: dm, logger: logger}
 }
 
 // SweepResult is what one sweep found and did.
@@ -68,6 +81,8 @@ type SweepResult struct {
 	Unreferenced         int // of those, nothing referred to
 	Collected            int // of those, deleted by this sweep
 	OrphanedStepCommands int64
+	EventsOffered        int // undelivered events queued for delivery again
+	OutboxPending        int
 }
 
 // ProcessTask implements asynq.Handler for sweep tasks.
@@ -89,6 +104,7 @@ func (s *Sweeper) ProcessTask(ctx context.Context, t *asynq.Task) error {
 	}
 	ev.Time("slot", p.Slot).Int("examined", res.Examined).Int("unreferenced", res.Unreferenced).
 		Int("collected", res.Collected).Int64("orphaned_step_commands", res.OrphanedStepCommands).
+		Int("events_offered", res.EventsOffered).Int("outbox_pending", res.OutboxPending).
 		Dur("took", time.Since(start)).Msg("sweep")
 	return err
 }
@@ -138,49 +154,49 @@ func (s *Sweeper) Sweep(ctx context.Context) (SweepResult, error) {
 			}
 		}
 	}
+
+	if err := s.sweepOutbox(ctx, &res); err != nil {
+		return res, err
+	}
 	return res, nil
 }
 
-// Run enqueues one sweep per interval slot until ctx ends. Ticks are aligned
-// to multiples of the interval, so every replica asks for the same slot's
-// TaskID and only one sweep runs per slot. A failed enqueue is retried
-// within its slot, so a sweep runs as soon as Redis is back.
+// sweepOutbox counts the outbox and, with a receiver configured, queues a
+// delivery for every event nobody is delivering.
+func (s *Sweeper) sweepOutbox(ctx context.Context, res *SweepResult) error {
+	n, err := s.store.OutboxPending(ctx)
+	if err != nil {
+		return err
+	}
+	res.OutboxPending = n
+	s.delivery.OutboxPending.Set(float64(n))
+	if !s.cfg.OfferEvents || n == 0 {
+		return nil
+	}
+	for cursor := int64(0); ; {
+		refs, err := s.store.ScanUndeliveredEvents(ctx, s.cfg.EventGrace, cursor, s.cfg.BatchSize)
+		if err != nil {
+			return err
+		}
+		if len(refs) == 0 {
+			return nil
+		}
+		if err := s.enq.EventsWritten(ctx, refs); err != nil {
+			return err
+		}
+		res.EventsOffered += len(refs)
+		cursor = refs[len(refs)-1].ID
+	}
+}
+
+// Run enqueues one sweep per interval slot until ctx ends (see
+// tasks.RunSlots for why that is one sweep per interval across replicas).
 func (s *Sweeper) Run(ctx context.Context) error {
 	if s.cfg.Interval <= 0 {
 		s.logger.Info().Msg("sweeper disabled (-sweep-interval 0)")
 		<-ctx.Done()
 		return nil
 	}
-	iv := s.cfg.Interval
-	for {
-		slot := time.Now().Truncate(iv)
-		for {
-			err := s.enq.EnqueueSweep(ctx, slot, iv)
-			if err == nil {
-				break
-			}
-			s.logger.Warn().Err(err).Time("slot", slot).Msg("enqueueing sweep; retrying within the slot")
-			next := time.Now().Add(s.cfg.RetryEvery)
-			if !next.Before(slot.Add(iv)) {
-				break // the next slot's sweep takes over
-			}
-			if err := sleepUntil(ctx, next); err != nil {
-				return nil
-			}
-		}
-		if err := sleepUntil(ctx, slot.Add(iv)); err != nil {
-			return nil
-		}
-	}
-}
-
-func sleepUntil(ctx context.Context, t time.Time) error {
-	timer := time.NewTimer(time.Until(t))
-	defer timer.Stop()
-	select {
-	case <-ctx.Done():
-		return fmt.Errorf("sweeper: %w", ctx.Err())
-	case <-timer.C:
-		return nil
-	}
+	tasks.RunSlots(ctx, s.cfg.Interval, s.cfg.RetryEvery, s.logger, s.enq.EnqueueSweep)
+	return nil
 }

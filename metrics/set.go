@@ -15,6 +15,7 @@ type Set struct {
 	Sweeper  *Sweeper
 	Enqueue  *Enqueue
 	API      *API
+	Delivery *Delivery
 }
 
 // New registers the Go and process collectors, every stepcollect metric,
@@ -28,6 +29,7 @@ func New(inspector *asynq.Inspector, taskTypes []string, queues ...string) *Set 
 		Sweeper:  NewSweeper(reg),
 		Enqueue:  NewEnqueue(reg, taskTypes...),
 		API:      NewAPI(reg),
+		Delivery: NewDelivery(reg, "step.completed", "step.timed_out", "step.due"),
 	}
 	if inspector != nil {
 		reg.MustRegister(NewQueueCollector(inspector, queues...))

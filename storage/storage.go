@@ -107,16 +107,16 @@ type StepStatus struct {
 
 // OutboxRef names one event in the outbox.
 type OutboxRef struct {
-	ID      int64  `json:"id"` // the outbox row
-	EventID string `json:"event_id"`
-	Type    string `json:"type"`
+	ID       int64  `json:"id"` // the outbox row
+	EventID  string `json:"event_id"`
+	Type     string `json:"type"`
+	Attempts int    `json:"attempts"` // deliveries tried so far
 }
 
 // OutboxEvent is an event claimed for delivery.
 type OutboxEvent struct {
-	OutboxRef
-	Payload  []byte // the JSON body, exactly as delivered on every attempt
-	Attempts int    // including this one
+	OutboxRef        // Attempts includes this one
+	Payload   []byte // the JSON body, exactly as delivered on every attempt
 }
 
 // EventSink learns of events the storage wrote to the outbox, after the

@@ -33,7 +33,10 @@ type Enqueuer struct {
 // after a recent failure.
 var ErrRedisCoolingDown = errors.New("redis unavailable a moment ago; not retrying yet (the sweeper will find the work)")
 
-var _ storage.Collector = (*Enqueuer)(nil)
+var (
+	_ storage.Collector = (*Enqueuer)(nil)
+	_ storage.EventSink = (*Enqueuer)(nil)
+)
 
 // EnqueuerOption configures an Enqueuer.
 type EnqueuerOption func(*Enqueuer)
@@ -77,6 +80,31 @@ func (e *Enqueuer) CollectSteps(ctx context.Context, steps []storage.Unreference
 		return nil
 	}
 	t, opts, err := NewCollectTask(steps)
+	if err != nil {
+		return err
+	}
+	return e.enqueue(ctx, t, opts)
+}
+
+// EventsWritten enqueues one delivery task per event. It implements
+// storage.EventSink. It stops at the first failure: the rest would fail
+// too, and the sweeper offers every undelivered event again.
+func (e *Enqueuer) EventsWritten(ctx context.Context, refs []storage.OutboxRef) error {
+	for _, ref := range refs {
+		t, opts, err := NewDeliverTask(ref)
+		if err != nil {
+			return err
+		}
+		if err := e.enqueue(ctx, t, opts); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// EnqueueSchedule enqueues the schedule task of the slot starting at slot.
+func (e *Enqueuer) EnqueueSchedule(ctx context.Context, slot time.Time, interval time.Duration) error {
+	t, opts, err := NewScheduleTask(slot, interval)
 	if err != nil {
 		return err
 	}

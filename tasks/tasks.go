@@ -50,19 +50,30 @@ import (
 
 // Task types.
 const (
-	TypeCollect = "stepcollect:collect"
-	TypeSweep   = "stepcollect:sweep"
+	TypeCollect  = "stepcollect:collect"
+	TypeSweep    = "stepcollect:sweep"
+	TypeSchedule = "stepcollect:schedule"
+	TypeDeliver  = "stepcollect:deliver"
 )
 
-// Queues. Sweeps have their own queue so a backlog of collect tasks never
-// delays the sweep that would find what the backlog cannot.
+// TaskTypes lists every task type, for metrics labels.
+func TaskTypes() []string { return []string{TypeCollect, TypeSweep, TypeSchedule, TypeDeliver} }
+
+// Queues. Sweeps and schedules have their own queue so a backlog of collect
+// tasks never delays the sweep that would find what the backlog cannot.
+// Deliveries have their own queue, served by their own asynq server in the
+// worker, so a slow or hung callback receiver never holds up collection.
 const (
 	QueueCollect = "stepcollect"
 	QueueSweep   = "stepcollect_sweep"
+	QueueDeliver = "stepcollect_deliver"
 )
 
-// Queues returns the worker's queues with their priorities.
+// Queues returns the worker's collection queues with their priorities.
 func Queues() map[string]int { return map[string]int{QueueCollect: 6, QueueSweep: 4} }
+
+// AllQueues lists every queue, for metrics.
+func AllQueues() []string { return []string{QueueCollect, QueueSweep, QueueDeliver} }
 
 // PayloadVersion is the version of the payloads this build writes. A
 // handler refuses versions it does not know, without retrying, so a rolling
@@ -79,10 +90,17 @@ type CollectPayload struct {
 	Steps   []storage.UnreferencedStep `json:"steps"`
 }
 
-// SweepPayload asks for one sweep, for the interval slot starting at Slot.
+// SweepPayload asks for one sweep (or schedule run), for the interval slot
+// starting at Slot.
 type SweepPayload struct {
 	Version int       `json:"v"`
 	Slot    time.Time `json:"slot"`
+}
+
+// DeliverPayload asks for one outbox event to be delivered.
+type DeliverPayload struct {
+	Version int               `json:"v"`
+	Event   storage.OutboxRef `json:"event"`
 }
 
 // Collect options: no retention, so a finished task frees its TaskID at
@@ -120,13 +138,24 @@ func ParseCollect(t *asynq.Task) (CollectPayload, error) {
 // NewSweepTask builds the sweep task of the slot starting at slot, for
 // sweeps every interval, and its options.
 func NewSweepTask(slot time.Time, interval time.Duration) (*asynq.Task, []asynq.Option, error) {
+	return newSlotTask(TypeSweep, "sweep:", slot, interval)
+}
+
+// NewScheduleTask builds the schedule task (timeouts and due NotUntil
+// steps) of the slot starting at slot, and its options. One per slot across
+// replicas, as for sweeps.
+func NewScheduleTask(slot time.Time, interval time.Duration) (*asynq.Task, []asynq.Option, error) {
+	return newSlotTask(TypeSchedule, "schedule:", slot, interval)
+}
+
+func newSlotTask(typ, idPrefix string, slot time.Time, interval time.Duration) (*asynq.Task, []asynq.Option, error) {
 	b, err := json.Marshal(SweepPayload{Version: PayloadVersion, Slot: slot.UTC()})
 	if err != nil {
 		return nil, nil, err
 	}
-	return asynq.NewTask(TypeSweep, b), []asynq.Option{
+	return asynq.NewTask(typ, b), []asynq.Option{
 		asynq.Queue(QueueSweep),
-		asynq.TaskID("sweep:" + strconv.FormatInt(slot.Unix(), 10)),
+		asynq.TaskID(idPrefix + strconv.FormatInt(slot.Unix(), 10)),
 		// held for the rest of the slot and beyond, so a replica ticking
 		// late in the slot finds it taken
 		asynq.Retention(interval + interval/2),
@@ -134,6 +163,56 @@ func NewSweepTask(slot time.Time, interval time.Duration) (*asynq.Task, []asynq.
 		asynq.MaxRetry(0),
 		asynq.Timeout(max(interval, time.Minute)),
 	}, nil
+}
+
+// Delivery options. Retries back off exponentially, deterministically, so
+// the handler can lease the event for exactly as long as asynq waits.
+const (
+	DeliverMaxRetry = 8
+	deliverTimeout  = 45 * time.Second // the callback's 30 s and some
+)
+
+// NewDeliverTask builds the delivery task of one outbox event. The event's
+// lease in the outbox keeps two deliveries apart; the TaskID, which names
+// the row and its attempts so far, keeps the sweeper from queueing the same
+// offer twice while the first still waits behind a backlog. After a real
+// attempt the count moves on, and a new offer is a new task.
+func NewDeliverTask(ref storage.OutboxRef) (*asynq.Task, []asynq.Option, error) {
+	b, err := json.Marshal(DeliverPayload{Version: PayloadVersion, Event: ref})
+	if err != nil {
+		return nil, nil, err
+	}
+	return asynq.NewTask(TypeDeliver, b), []asynq.Option{
+		asynq.Queue(QueueDeliver), asynq.MaxRetry(DeliverMaxRetry), asynq.Timeout(deliverTimeout),
+		asynq.TaskID(fmt.Sprintf("deliver:%d:%d", ref.ID, ref.Attempts)),
+	}, nil
+}
+
+// ParseDeliver reads a delivery task's payload.
+func ParseDeliver(t *asynq.Task) (DeliverPayload, error) {
+	var p DeliverPayload
+	if err := json.Unmarshal(t.Payload(), &p); err != nil {
+		return p, fmt.Errorf("deliver payload: %v: %w", err, asynq.SkipRetry)
+	}
+	if p.Version != PayloadVersion || p.Event.ID < 1 {
+		return p, fmt.Errorf("deliver payload version %d, event %d: %w: %w", p.Version, p.Event.ID, ErrUnknownVersion, asynq.SkipRetry)
+	}
+	return p, nil
+}
+
+// DeliverRetryDelay is how long asynq waits before retry n+1 of a delivery
+// that has been retried n times: 2, 4, 8 … seconds, at most two minutes.
+func DeliverRetryDelay(n int) time.Duration {
+	return min(time.Duration(1<<min(n+1, 16))*time.Second, 2*time.Minute)
+}
+
+// RetryDelay is the worker's asynq RetryDelayFunc: deliveries back off as
+// DeliverRetryDelay says, everything else as asynq does by default.
+func RetryDelay(n int, err error, t *asynq.Task) time.Duration {
+	if t.Type() == TypeDeliver {
+		return DeliverRetryDelay(n)
+	}
+	return asynq.DefaultRetryDelayFunc(n, err, t)
 }
 
 // ParseSweep reads a sweep task's payload.

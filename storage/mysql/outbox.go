@@ -84,28 +84,19 @@ func (s *Storage) FailEvent(ctx context.Context, id int64, reason string, retryA
 	return nil
 }
 
-// ScanUndeliveredEvents returns up to limit events nobody is delivering:
-// never claimed and created before grace ago (their enqueue was lost), or
-// whose lease ran out (their retries did).
-func (s *Storage) ScanUndeliveredEvents(ctx context.Context, grace time.Duration, limit int) ([]storage.OutboxRef, error) {
+// ScanUndeliveredEvents returns up to limit events after id after that
+// nobody is delivering: never claimed and created before grace ago (their
+// enqueue was lost), or whose lease ran out (their retries did).
+func (s *Storage) ScanUndeliveredEvents(ctx context.Context, grace time.Duration, after int64, limit int) ([]storage.OutboxRef, error) {
 	now := time.Now()
-	scan := func(rs *sql.Rows) (storage.OutboxRef, error) {
+	refs, err := queryList(ctx, s.db, qScanUndeliveredEvents, []any{after, now.Add(-grace), now, limit}, func(rs *sql.Rows) (storage.OutboxRef, error) {
 		var r storage.OutboxRef
-		return r, rs.Scan(&r.ID, &r.EventID, &r.Type)
-	}
-	expired, err := queryList(ctx, s.db, qScanExpiredEvents, []any{now, limit}, scan)
+		return r, rs.Scan(&r.ID, &r.EventID, &r.Type, &r.Attempts)
+	})
 	if err != nil {
-		return nil, fmt.Errorf("scanning expired outbox leases: %w", err)
+		return nil, fmt.Errorf("scanning the outbox after %d: %w", after, err)
 	}
-	unleased, err := queryList(ctx, s.db, qScanUnleasedEvents, []any{now.Add(-grace), 0, limit}, scan)
-	if err != nil {
-		return nil, fmt.Errorf("scanning unclaimed outbox events: %w", err)
-	}
-	out := append(expired, unleased...)
-	if len(out) > limit {
-		out = out[:limit]
-	}
-	return out, nil
+	return refs, nil
 }
 
 // OutboxPending counts the events not yet acknowledged.

@@ -1,7 +1,9 @@
 package mysql_test
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"testing"
 	"time"
 
@@ -126,5 +128,155 @@ func TestStepStatusCountsOutstandingEnrollmentsUntilCollected(t *testing.T) {
 	}
 	if _, err := b.store.StepStatus(ctx, id); storage.ErrorCode(err) != storage.ENotFound {
 		t.Errorf("after collection: %v, want not found", err)
+	}
+}
+
+type recordingSink struct {
+	mu   chan struct{}
+	refs []storage.OutboxRef
+}
+
+func newRecordingSink() *recordingSink { return &recordingSink{mu: make(chan struct{}, 1)} }
+
+func (r *recordingSink) EventsWritten(_ context.Context, refs []storage.OutboxRef) error {
+	r.mu <- struct{}{}
+	defer func() { <-r.mu }()
+	r.refs = append(r.refs, refs...)
+	return nil
+}
+
+func TestTimeOutStepsWritesOneEventPerEnrollmentAsItStood(t *testing.T) {
+	sink := newRecordingSink()
+	b := setup(t, &setupOpts{extra: []mysql.Option{mysql.WithOutbox(), mysql.WithEventSink(sink)}})
+	ctx := t.Context()
+	step := fanOutStep("tmo", 3, 2)
+	step.Timeout = time.Now().Add(-time.Second)
+	stepID, err := b.store.StoreStepID(ctx, step, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// one enrollment finished, one half, one nothing
+	for _, c := range step.Commands {
+		b.store.StoreCommandResponseAndRetrieveCompletedStep(ctx, step.IDs[0], result(c.CommandUUID))
+	}
+	b.store.StoreCommandResponseAndRetrieveCompletedStep(ctx, step.IDs[1], result(step.Commands[0].CommandUUID))
+	sink.refs = nil
+
+	n, err := b.store.TimeOutSteps(ctx, time.Now())
+	if err != nil || n != 2 {
+		t.Fatalf("timed out %d, %v; want the 2 unfinished enrollments", n, err)
+	}
+	if len(sink.refs) != 2 {
+		t.Errorf("sink told of %d events, want 2", len(sink.refs))
+	}
+	got := outboxEvents(t, b)
+	for _, id := range step.IDs[1:] {
+		ev, ok := got[id]
+		if !ok || ev.Type != events.StepTimedOut || ev.Step.StepID != stepID || ev.EventID != events.ID(events.StepTimedOut, stepID, id) {
+			t.Fatalf("%s: %+v", id, ev)
+		}
+		done := 0
+		for _, c := range ev.Step.Commands {
+			if c.Completed {
+				done++
+			}
+		}
+		if want := map[string]int{step.IDs[1]: 1, step.IDs[2]: 0}[id]; done != want {
+			t.Errorf("%s: %d commands completed in its event, want %d", id, done, want)
+		}
+	}
+	if c := countRows(t, b.db.DB); c != (rowCounts{}) {
+		t.Errorf("rows left: %+v", c)
+	}
+	if n, _ := b.store.TimeOutSteps(ctx, time.Now()); n != 0 {
+		t.Errorf("timed out again: %d", n)
+	}
+}
+
+func TestSendDueStepsWritesOneEventPerStepWithItsRawCommands(t *testing.T) {
+	b := setup(t, &setupOpts{extra: []mysql.Option{mysql.WithOutbox()}})
+	ctx := t.Context()
+	step := fanOutStep("due", 4, 2)
+	step.NotUntil = time.Now().Add(-time.Second)
+	stepID, err := b.store.StoreStepID(ctx, step, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	later := fanOutStep("later", 1, 1)
+	later.NotUntil = time.Now().Add(time.Hour)
+	if err := b.store.StoreStep(ctx, later, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	n, err := b.store.SendDueSteps(ctx, time.Now())
+	if err != nil || n != 1 {
+		t.Fatalf("sent %d, %v; want 1", n, err)
+	}
+	var payload []byte
+	if err := b.db.QueryRow(`SELECT payload FROM stepcollect_outbox WHERE event_type = 'step.due'`).Scan(&payload); err != nil {
+		t.Fatal(err)
+	}
+	var ev events.Event
+	json.Unmarshal(payload, &ev)
+	if ev.Step.StepID != stepID || len(ev.Step.IDs) != 4 || len(ev.Step.Commands) != 2 || string(ev.Step.Commands[0].Command) != "<plist/>" {
+		t.Errorf("due event %+v", ev)
+	}
+	if n, _ := b.store.SendDueSteps(ctx, time.Now()); n != 0 {
+		t.Errorf("sent twice: %d", n)
+	}
+	// the step is now an ordinary outstanding step: no raw commands, still there
+	if c := countRows(t, b.db.DB); c.steps != 2 || c.stepCommands != 1 {
+		t.Errorf("after sending: %+v, want both steps and only the later one's raw command", c)
+	}
+}
+
+func TestClaimEventIsExclusiveUntilItsLeaseRunsOut(t *testing.T) {
+	sink := newRecordingSink()
+	b := setup(t, &setupOpts{extra: []mysql.Option{mysql.WithOutbox(), mysql.WithEventSink(sink)}})
+	ctx := t.Context()
+	step := fanOutStep("claim", 1, 1)
+	b.store.StoreStep(ctx, step, time.Now())
+	b.store.StoreCommandResponseAndRetrieveCompletedStep(ctx, step.IDs[0], result(step.Commands[0].CommandUUID))
+	if len(sink.refs) != 1 {
+		t.Fatalf("sink told of %d events", len(sink.refs))
+	}
+	id := sink.refs[0].ID
+
+	// claimed by ten at once: exactly one wins
+	wins := make([]bool, 10)
+	startTogether(10, func(i int) {
+		_, err := b.store.ClaimEvent(ctx, id, time.Minute)
+		wins[i] = err == nil
+	})
+	won := 0
+	for _, w := range wins {
+		if w {
+			won++
+		}
+	}
+	if won != 1 {
+		t.Fatalf("%d claims won, want 1", won)
+	}
+	if refs, _ := b.store.ScanUndeliveredEvents(ctx, 0, 0, 10); len(refs) != 0 {
+		t.Errorf("a leased event offered again: %v", refs)
+	}
+	if err := b.store.FailEvent(ctx, id, "503 Service Unavailable", time.Now().Add(-time.Millisecond)); err != nil {
+		t.Fatal(err)
+	}
+	refs, _ := b.store.ScanUndeliveredEvents(ctx, 0, 0, 10)
+	if len(refs) != 1 || refs[0].ID != id || refs[0].Attempts != 1 {
+		t.Fatalf("expired lease not offered again: %v", refs)
+	}
+	ev, err := b.store.ClaimEvent(ctx, id, time.Minute)
+	if err != nil || ev.Attempts != 2 || ev.Type != events.StepCompleted {
+		t.Fatalf("second claim: %+v, %v", ev, err)
+	}
+	if err := b.store.AckEvent(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.store.ClaimEvent(ctx, id, time.Minute); !errors.Is(err, storage.ErrEventNotClaimable) {
+		t.Errorf("claiming a delivered event: %v", err)
+	}
+	if n, _ := b.store.OutboxPending(ctx); n != 0 {
+		t.Errorf("%d pending after the ack", n)
 	}
 }

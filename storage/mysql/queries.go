@@ -199,13 +199,12 @@ UPDATE stepcollect_outbox SET last_error = ?, lease_until = ? WHERE id = ?`
 
 	// Sweeper: events nobody is delivering: never claimed and older than a
 	// grace period (their enqueue was lost), or whose lease ran out (their
-	// retries did). Each by its own index.
-	qScanUnleasedEvents = `
-SELECT id, event_id, event_type FROM stepcollect_outbox
-WHERE lease_until IS NULL AND created_at < ? AND id > ? ORDER BY id LIMIT ?`
-	qScanExpiredEvents = `
-SELECT id, event_id, event_type FROM stepcollect_outbox
-WHERE lease_until <= ? ORDER BY lease_until LIMIT ?`
+	// retries did). Paged by key; the rows it passes over are those being
+	// retried right now.
+	qScanUndeliveredEvents = `
+SELECT id, event_id, event_type, attempts FROM stepcollect_outbox
+WHERE id > ? AND ((lease_until IS NULL AND created_at < ?) OR lease_until <= ?)
+ORDER BY id LIMIT ?`
 
 	qCountOutbox = `SELECT COUNT(*) FROM stepcollect_outbox`
 

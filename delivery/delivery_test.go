@@ -1,0 +1,107 @@
+package delivery_test
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/rs/zerolog"
+
+	"github.com/stepcollect/stepcollect/delivery"
+	"github.com/stepcollect/stepcollect/metrics"
+	"github.com/stepcollect/stepcollect/storage"
+	"github.com/stepcollect/stepcollect/tasks"
+)
+
+// fakeStore holds one event.
+type fakeStore struct {
+	mu      sync.Mutex
+	acked   bool
+	failAt  time.Time
+	reason  string
+	claimed int
+}
+
+func (f *fakeStore) ClaimEvent(_ context.Context, id int64, _ time.Duration) (*storage.OutboxEvent, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.claimed++
+	return &storage.OutboxEvent{OutboxRef: storage.OutboxRef{ID: id, EventID: "ev-1", Type: "step.completed", Attempts: f.claimed},
+		Payload: []byte(`{"event_id":"ev-1"}`)}, nil
+}
+func (f *fakeStore) AckEvent(context.Context, int64) error { f.acked = true; return nil }
+func (f *fakeStore) FailEvent(_ context.Context, _ int64, reason string, at time.Time) error {
+	f.reason, f.failAt = reason, at
+	return nil
+}
+
+func deliverTask(t *testing.T) func(d *delivery.Deliverer) error {
+	task, _, err := tasks.NewDeliverTask(storage.OutboxRef{ID: 7, EventID: "ev-1", Type: "step.completed"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return func(d *delivery.Deliverer) error { return d.ProcessTask(context.Background(), task) }
+}
+
+func TestAFailureOnTheLastRetryKeepsTheEventForTheSweeper(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get(delivery.SignatureHeader) != delivery.Sign([]byte("k"), []byte(`{"event_id":"ev-1"}`)) ||
+			r.Header.Get(delivery.EventIDHeader) != "ev-1" {
+			http.Error(w, "unsigned", 401)
+			return
+		}
+		http.Error(w, "nope", http.StatusBadGateway)
+	}))
+	defer srv.Close()
+	st := &fakeStore{}
+	m := metrics.NewDelivery(prometheus.NewRegistry(), "step.completed")
+	d := delivery.New(delivery.Config{URL: srv.URL, HMACKey: []byte("k"), ReofferAfter: time.Hour}, st, m, zerolog.Nop())
+	// outside asynq there are no retries left: this is the last attempt
+	if err := deliverTask(t)(d); err != nil {
+		t.Fatalf("the last attempt returned %v: asynq would archive the task", err)
+	}
+	if st.acked || st.reason != "callback answered 502 Bad Gateway" || time.Until(st.failAt) < 59*time.Minute {
+		t.Errorf("acked=%v reason=%q reoffer in %v", st.acked, st.reason, time.Until(st.failAt))
+	}
+	if got := testutil.ToFloat64(m.Deliveries.WithLabelValues("step.completed", "http_error")); got != 1 {
+		t.Errorf("http_error deliveries %v", got)
+	}
+}
+
+func TestANoAnswerIsATimeout(t *testing.T) {
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { <-release }))
+	defer srv.Close()
+	defer close(release)
+	st := &fakeStore{}
+	m := metrics.NewDelivery(prometheus.NewRegistry(), "step.completed")
+	d := delivery.New(delivery.Config{URL: srv.URL, Timeout: 200 * time.Millisecond}, st, m, zerolog.Nop())
+	deliverTask(t)(d)
+	if got := testutil.ToFloat64(m.Deliveries.WithLabelValues("step.completed", "timeout")); got != 1 || st.acked {
+		t.Errorf("timeouts %v, acked %v", got, st.acked)
+	}
+}
+
+func TestWithoutACallbackURLEventsWait(t *testing.T) {
+	st := &fakeStore{}
+	d := delivery.New(delivery.Config{}, st, metrics.NewDelivery(prometheus.NewRegistry()), zerolog.Nop())
+	if err := deliverTask(t)(d); err != nil || st.claimed != 0 {
+		t.Errorf("err %v, claimed %d: want the event left untouched", err, st.claimed)
+	}
+}
+
+func TestRetryDelaysGrowAndAreBounded(t *testing.T) {
+	prev := time.Duration(0)
+	for n := range 20 {
+		d := tasks.DeliverRetryDelay(n)
+		if d < prev || d > 2*time.Minute || d <= 0 {
+			t.Fatalf("delay %d = %v after %v", n, d, prev)
+		}
+		prev = d
+	}
+}
