@@ -56,8 +56,13 @@ func NewStorage(reg prometheus.Registerer) *Storage {
 			Buckets:   []float64{.001, .005, .01, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900},
 		}),
 	}
-	// Every outcome exists from the start, so rate() and alerts see zeros
+	// Every series exists from the start, so rate() and alerts see zeros
 	// rather than absent series.
+	for _, op := range storage.TxOps {
+		for _, reason := range storage.RetryReasons {
+			m.TxRetries.WithLabelValues(op, reason)
+		}
+	}
 	for _, o := range []storage.CollectOutcome{storage.CollectCollected, storage.CollectReferenced,
 		storage.CollectClaimedElsewhere, storage.CollectGone, storage.CollectError} {
 		m.CollectRuns.WithLabelValues(string(o))

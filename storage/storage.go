@@ -73,6 +73,27 @@ type Observer interface {
 	StepsCollected(res CollectResult, observedAt []time.Time)
 }
 
+// Transaction operations, the op label of stepcollect_tx_retries_total.
+const (
+	OpStoreResult   = "store command result"
+	OpStoreNotNow   = "store NotNow"
+	OpStoreStep     = "store step"
+	OpCancelSteps   = "cancel steps"
+	OpCollectSteps  = "collect steps"
+	OpDueSteps      = "enqueue due steps"
+	OpTimeOutSteps  = "time out steps"
+	OpRePush        = "mark re-pushed"
+	OpRecordStarted = "record workflow started"
+	OpDeleteOrphans = "delete orphaned raw commands"
+)
+
+// TxOps lists every transaction operation.
+var TxOps = []string{OpStoreResult, OpStoreNotNow, OpStoreStep, OpCancelSteps, OpCollectSteps,
+	OpDueSteps, OpTimeOutSteps, OpRePush, OpRecordStarted, OpDeleteOrphans}
+
+// Retry reasons, the reason label of stepcollect_tx_retries_total.
+var RetryReasons = []string{"deadlock", "lock_wait_timeout", "connection"}
+
 // NopObserver is an Observer that does nothing.
 type NopObserver struct{}
 

@@ -143,7 +143,7 @@ func (s *Storage) claimAndDelete(ctx context.Context, unref []storage.Unreferenc
 	}
 	stepIDs := ids(unref)
 	var claimed []int64
-	err := s.inTx(ctx, "collect steps", func(ctx context.Context, tx *sql.Tx, _ *attempt) error {
+	err := s.inTx(ctx, storage.OpCollectSteps, func(ctx context.Context, tx *sql.Tx, _ *attempt) error {
 		var err error
 		claimed, err = queryInt64s(ctx, tx, expand(qClaimSteps, len(stepIDs)), args(stepIDs)...)
 		if err != nil || len(claimed) == 0 {

@@ -54,7 +54,7 @@ func (s *Storage) StoreCommandResponseAndRetrieveCompletedStep(ctx context.Conte
 		written     []storage.OutboxRef
 	)
 	start := time.Now()
-	err := s.inTx(ctx, "store command result", func(ctx context.Context, tx *sql.Tx, a *attempt) error {
+	err := s.inTx(ctx, storage.OpStoreResult, func(ctx context.Context, tx *sql.Tx, a *attempt) error {
 		ret, written = nil, nil
 		rows, err := lockEnrollmentStepRows(ctx, tx, id, sc.CommandUUID)
 		if err != nil {
@@ -169,7 +169,7 @@ func lockEnrollmentStepRows(ctx context.Context, tx *sql.Tx, id, commandUUID str
 // outstanding. One short transaction on one row of id's own.
 func (s *Storage) storeNotNow(ctx context.Context, id, commandUUID string) error {
 	var found bool
-	err := s.inTx(ctx, "store NotNow", func(ctx context.Context, tx *sql.Tx, _ *attempt) error {
+	err := s.inTx(ctx, storage.OpStoreNotNow, func(ctx context.Context, tx *sql.Tx, _ *attempt) error {
 		res, err := tx.ExecContext(ctx, qTouchNotNow, id, commandUUID)
 		if err != nil {
 			return err

@@ -42,7 +42,7 @@ func (s *Storage) RecordWorkflowStarted(ctx context.Context, ids []string, workf
 			vals = append(vals, id, workflowName, unix)
 		}
 		rows := qRecordWorkflowStartedFirst + strings.Repeat(qRecordWorkflowStartedNext, len(c)-1)
-		return s.inTx(ctx, "record workflow started", func(ctx context.Context, tx *sql.Tx, _ *attempt) error {
+		return s.inTx(ctx, storage.OpRecordStarted, func(ctx context.Context, tx *sql.Tx, _ *attempt) error {
 			_, err := tx.ExecContext(ctx, fmt.Sprintf(qRecordWorkflowStarted, rows), vals...)
 			return err
 		})

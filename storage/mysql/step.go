@@ -47,7 +47,7 @@ func (s *Storage) StoreStepID(ctx context.Context, step *nanostorage.StepEnqueui
 		lastPush = nullTime(pushTime)
 	}
 	var stepID int64
-	err := s.inTx(ctx, "store step", func(ctx context.Context, tx *sql.Tx, _ *attempt) error {
+	err := s.inTx(ctx, storage.OpStoreStep, func(ctx context.Context, tx *sql.Tx, _ *attempt) error {
 		res, err := tx.ExecContext(ctx, qCreateStep, step.WorkflowName, step.InstanceID,
 			nullString(step.Name), step.Context, nullTime(step.NotUntil), nullTime(step.Timeout))
 		if err != nil {
@@ -196,7 +196,7 @@ func (s *Storage) CancelSteps(ctx context.Context, id, workflowName string) erro
 		return storage.Errorf(storage.EInvalid, "cancel steps: enrollment id: empty")
 	}
 	var stepIDs []int64
-	err := s.inTx(ctx, "cancel steps", func(ctx context.Context, tx *sql.Tx, _ *attempt) error {
+	err := s.inTx(ctx, storage.OpCancelSteps, func(ctx context.Context, tx *sql.Tx, _ *attempt) error {
 		var err error
 		stepIDs, err = queryInt64s(ctx, tx, qLockEnrollmentRows, id)
 		if err != nil {

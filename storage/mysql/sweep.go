@@ -60,7 +60,7 @@ func (s *Storage) DeleteOrphanedStepCommands(ctx context.Context, stepIDs []int6
 	var total int64
 	err := chunks(stepIDs, maxInList, func(c []int64) error {
 		var n int64
-		err := s.inTx(ctx, "delete orphaned raw commands", func(ctx context.Context, tx *sql.Tx, _ *attempt) error {
+		err := s.inTx(ctx, storage.OpDeleteOrphans, func(ctx context.Context, tx *sql.Tx, _ *attempt) error {
 			res, err := tx.ExecContext(ctx, expand(qDeleteStepCommands, len(c)), args(c)...)
 			if err != nil {
 				return err

@@ -60,7 +60,7 @@ type dueStepFn func(ctx context.Context, tx *sql.Tx, stepID int64, se *nanostora
 func (s *Storage) dueSteps(ctx context.Context, pushTime time.Time, emit dueStepFn) error {
 	for {
 		claimed := 0
-		err := s.inTx(ctx, "enqueue due steps", func(ctx context.Context, tx *sql.Tx, _ *attempt) error {
+		err := s.inTx(ctx, storage.OpDueSteps, func(ctx context.Context, tx *sql.Tx, _ *attempt) error {
 			type dueRow struct {
 				id int64
 				se *nanostorage.StepEnqueueing
@@ -173,7 +173,7 @@ type timedOutFn func(ctx context.Context, tx *sql.Tx, stepID int64, r *nanostora
 func (s *Storage) timedOutSteps(ctx context.Context, now time.Time, emit timedOutFn) error {
 	for {
 		claimed := 0
-		err := s.inTx(ctx, "time out steps", func(ctx context.Context, tx *sql.Tx, _ *attempt) error {
+		err := s.inTx(ctx, storage.OpTimeOutSteps, func(ctx context.Context, tx *sql.Tx, _ *attempt) error {
 			type stepRow struct {
 				id  int64
 				ctx nanostorage.StepContext
@@ -271,7 +271,7 @@ func (s *Storage) RetrieveAndMarkRePushed(ctx context.Context, ifBefore time.Tim
 	type key struct{ id, uuid string }
 	for {
 		var keys []key
-		err := s.inTx(ctx, "mark re-pushed", func(ctx context.Context, tx *sql.Tx, _ *attempt) error {
+		err := s.inTx(ctx, storage.OpRePush, func(ctx context.Context, tx *sql.Tx, _ *attempt) error {
 			var err error
 			keys, err = queryList(ctx, tx, qClaimRePush, []any{ifBefore, rePushRowsPerBatch}, func(rs *sql.Rows) (key, error) {
 				var k key
