@@ -34,7 +34,8 @@ wait -n $worker $api_pid
 status=$?
 kill -INT $worker $api_pid 2>/dev/null
 wait
-# Ctrl-C is how this is meant to end; only an unexpected exit is a failure
-[ "$stopping" = 1 ] && exit 0
+# Ctrl-C is how this is meant to end (the services may see it before this
+# script does, and then exit cleanly); only an unexpected exit is a failure
+if [ "$stopping" = 1 ] || [ "$status" = 0 ]; then exit 0; fi
 echo "run: a service exited on its own (status $status); see the logs above" >&2
 exit $status
