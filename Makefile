@@ -1,7 +1,6 @@
 # stepcollect. Two commands to know: `make run` and `make test`.
 SHELL := /bin/bash
 GO    ?= go
-BENCH_N ?= 3000
 
 .PHONY: run build test services bench bench-build vet
 
@@ -26,12 +25,16 @@ vet:
 services:
 	bash scripts/services.sh
 
-# One fan-out run per implementation, side by side on the local server.
-bench: services bench-build
-	cd bench && $(GO) run ./cmd/benchtable -bin ../bin/bench -n $(BENCH_N) -out ../docs/bench/fanout.md
+# stepcollect side by side with NanoCMD v0.7.0 and v0.7.1, the floor and the
+# service, on a private mariadbd; writes docs/bench/results.md and charts.
+# BENCH_N=25,300 BENCH_FLAGS=-skip-large-table for a quick look.
+BENCH_N ?= 25,100,300,3000,10000
+bench: bench-build
+	cd bench && $(GO) run ./cmd/bench -bin ../bin/bench -n $(BENCH_N) -out ../docs/bench $(BENCH_FLAGS)
 
 bench-build:
 	mkdir -p bin/bench
+	$(GO) build -o bin/bench/ ./cmd/api ./cmd/worker
 	cd bench && $(GO) build -o ../bin/bench/fanout-stepcollect ./cmd/fanout-stepcollect
 	cd bench && $(GO) build -o ../bin/bench/fanout-nanocmd-v0.7.1 ./cmd/fanout-nanocmd
 	cd bench && $(GO) build -modfile=go.v070.mod -o ../bin/bench/fanout-nanocmd-v0.7.0 ./cmd/fanout-nanocmd

@@ -223,8 +223,11 @@ func asynqConfig(cfg WorkerConfig, queues map[string]int, logger zerolog.Logger)
 		Queues:          queues,
 		ShutdownTimeout: cfg.ShutdownTimeout,
 		RetryDelayFunc:  tasks.RetryDelay,
-		Logger:          logging.Asynq{L: logger},
-		LogLevel:        asynqLevel(logger.GetLevel()),
+		// how often an idle server looks for new tasks (asynq's default
+		// is 1 s): collection lag is mostly this wait
+		TaskCheckInterval: 200 * time.Millisecond,
+		Logger:            logging.Asynq{L: logger},
+		LogLevel:          asynqLevel(logger.GetLevel()),
 		ErrorHandler: asynq.ErrorHandlerFunc(func(ctx context.Context, t *asynq.Task, err error) {
 			logger.Debug().Err(err).Str("task", t.Type()).Msg("task failed; asynq retries it")
 		}),
@@ -274,8 +277,8 @@ func openStorage(ctx context.Context, dsn string, maxConns int, migrate bool, lo
 			return nil, nil, err
 		}
 	}
-	opts = append([]stepmysql.Option{stepmysql.WithDB(db), stepmysql.WithLogger(logger.With().Str("component", "storage").Logger()),
-		stepmysql.WithIsolation(sql.LevelReadCommitted)}, opts...)
+	// READ COMMITTED comes with the session (OpenDB), not per transaction
+	opts = append([]stepmysql.Option{stepmysql.WithDB(db), stepmysql.WithLogger(logger.With().Str("component", "storage").Logger())}, opts...)
 	store, err := stepmysql.New(opts...)
 	if err != nil {
 		db.Close()

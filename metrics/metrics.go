@@ -53,7 +53,7 @@ func NewStorage(reg prometheus.Registerer) *Storage {
 			Namespace: Namespace,
 			Name:      "collection_lag_seconds",
 			Help:      "From the commit that left a step unreferenced to its deletion.",
-			Buckets:   []float64{.001, .005, .01, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900},
+			Buckets:   []float64{.005, .01, .025, .05, .1, .2, .3, .5, .75, 1, 1.5, 2, 3, 5, 10, 30, 60, 120, 300, 900},
 		}),
 	}
 	// Every series exists from the start, so rate() and alerts see zeros

@@ -91,14 +91,19 @@ func (s *Storage) StoreCommandResponseAndRetrieveCompletedStep(ctx context.Conte
 		}
 
 		// The last one: read the step while our rows still pin it (nobody
-		// collects a step that is referenced), then release them.
-		var step nanostorage.StepContext
-		var stepName sql.NullString
-		err = tx.QueryRowContext(ctx, qGetStep, stepID).Scan(&step.WorkflowName, &step.InstanceID, &stepName, &step.Context)
-		if err != nil {
-			return fmt.Errorf("reading step %d: %w", stepID, err)
+		// collects a step that is referenced), then release them. A step's
+		// context never changes, so every enrollment of a fan-out but the
+		// first finds it cached.
+		step, ok := s.steps.get(stepID)
+		if !ok {
+			var stepName sql.NullString
+			err = tx.QueryRowContext(ctx, qGetStep, stepID).Scan(&step.WorkflowName, &step.InstanceID, &stepName, &step.Context)
+			if err != nil {
+				return fmt.Errorf("reading step %d: %w", stepID, err)
+			}
+			step.Name = stepName.String
+			s.steps.put(stepID, step)
 		}
-		step.Name = stepName.String
 
 		this := *sc
 		if this.RequestType == "" {

@@ -25,6 +25,7 @@ package mysql
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"strings"
@@ -47,6 +48,7 @@ type Storage struct {
 	txOpts    *sql.TxOptions
 	outbox    bool
 	sink      storage.EventSink
+	steps     *stepCache
 
 	maxAttempts int
 	backoffBase time.Duration
@@ -125,6 +127,7 @@ func New(opts ...Option) (*Storage, error) {
 		observer:    cfg.observer,
 		outbox:      cfg.outbox,
 		sink:        cfg.sink,
+		steps:       newStepCache(4096, 10*time.Minute),
 		maxAttempts: max(cfg.maxAttempts, 1),
 		backoffBase: 5 * time.Millisecond,
 		backoffMax:  500 * time.Millisecond,
@@ -153,8 +156,12 @@ func New(opts ...Option) (*Storage, error) {
 	return s, nil
 }
 
-// OpenDB opens a pool for dsn as WithDSN does: parseTime on, and
-// interpolateParams on unless the DSN sets it.
+// OpenDB opens a pool for dsn as WithDSN does: parseTime on,
+// interpolateParams on unless the DSN sets it, and every session at READ
+// COMMITTED, the level stepcollect's transactions are designed for. Set
+// once per connection by a statement both MySQL and MariaDB take (their
+// DSN variable names differ), it costs nothing per transaction, where
+// sql.TxOptions costs go-sql-driver a round trip each time.
 func OpenDB(dsn string) (*sql.DB, error) {
 	mc, err := mysql.ParseDSN(dsn)
 	if err != nil {
@@ -168,7 +175,30 @@ func OpenDB(dsn string) (*sql.DB, error) {
 	if err != nil {
 		return nil, fmt.Errorf("mysql dsn: %w", err)
 	}
-	return sql.OpenDB(conn), nil
+	return sql.OpenDB(sessionConnector{Connector: conn, setup: []string{readCommittedSession}}), nil
+}
+
+const readCommittedSession = "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED"
+
+// sessionConnector runs setup statements on each new connection and hands
+// back the driver's own connection, every interface of it intact.
+type sessionConnector struct {
+	driver.Connector
+	setup []string
+}
+
+func (c sessionConnector) Connect(ctx context.Context) (driver.Conn, error) {
+	conn, err := c.Connector.Connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, q := range c.setup {
+		if _, err := conn.(driver.ExecerContext).ExecContext(ctx, q, nil); err != nil {
+			conn.Close()
+			return nil, fmt.Errorf("setting up the session (%s): %w", q, err)
+		}
+	}
+	return conn, nil
 }
 
 // DB returns the pool the storage uses.

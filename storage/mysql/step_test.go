@@ -219,3 +219,23 @@ func TestMigrateFromManyProcessesAtOnceAppliesOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// OpenDB's sessions run at READ COMMITTED without a per-transaction SET.
+func TestOpenDBSessionsAreReadCommitted(t *testing.T) {
+	tdb := testdb.New(t, nil)
+	db, err := mysql.OpenDB(tdb.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var level string
+	if err := db.QueryRow(`SELECT @@SESSION.tx_isolation`).Scan(&level); err != nil {
+		// MySQL 8 knows it only as transaction_isolation
+		if err := db.QueryRow(`SELECT @@SESSION.transaction_isolation`).Scan(&level); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if level != "READ-COMMITTED" {
+		t.Errorf("session isolation %s, want READ-COMMITTED", level)
+	}
+}

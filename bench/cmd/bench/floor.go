@@ -1,0 +1,77 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/stepcollect/stepcollect/bench/internal/fanout"
+)
+
+// floor measures the least any design that commits each result durably can
+// cost: N concurrent single-row autocommit UPDATEs, each on its own row, on
+// the same server, setting and pool.
+func (r *runner) floor(cfg serverConfig, n int, control bool) (*fanout.Result, error) {
+	r.announce(implFloor, cfg, n, control, fanout.ModeFanOut)
+	dsn, drop, err := freshDatabase(r.admin, r.server, cfg.params)
+	if err != nil {
+		return nil, err
+	}
+	defer drop()
+	db, err := sql.Open("mysql", dsn)
+	if err != nil {
+		return nil, err
+	}
+	defer db.Close()
+	db.SetMaxOpenConns(cfg.Pool)
+	db.SetMaxIdleConns(cfg.Pool)
+	ctx := context.Background()
+	if _, err := db.Exec(`CREATE TABLE floor_rows (id INT NOT NULL PRIMARY KEY, v BIGINT NOT NULL DEFAULT 0)`); err != nil {
+		return nil, err
+	}
+	for start := 0; start < n; start += 1000 {
+		end := min(n, start+1000)
+		vals := make([]string, 0, end-start)
+		for i := start; i < end; i++ {
+			vals = append(vals, fmt.Sprintf("(%d)", i))
+		}
+		if _, err := db.Exec(`INSERT INTO floor_rows (id) VALUES ` + strings.Join(vals, ",")); err != nil {
+			return nil, err
+		}
+	}
+	if err := fanout.Warm(ctx, db, min(cfg.Pool, n)); err != nil {
+		return nil, err
+	}
+	res := &fanout.Result{Config: fanout.Config{Impl: implFloor, Mode: fanout.ModeFanOut, N: n, Control: control, Pool: cfg.Pool}, Errors: map[string]int{}, Server: cfg.Name}
+	lat := make([]time.Duration, n)
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	release := make(chan struct{})
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-release
+			t0 := time.Now()
+			_, err := db.ExecContext(ctx, `UPDATE floor_rows SET v = v + 1 WHERE id = ?`, i)
+			lat[i] = time.Since(t0)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				res.Errors[fanout.ErrClass(err)]++
+			} else {
+				res.Completed++
+			}
+		}()
+	}
+	start := time.Now()
+	close(release)
+	wg.Wait()
+	res.WallMS = fanout.MS(time.Since(start))
+	res.P50MS, res.P99MS = fanout.Quantiles(lat)
+	done(res)
+	return res, nil
+}

@@ -1,0 +1,279 @@
+// Command bench measures stepcollect side by side with NanoCMD v0.7.0 and
+// v0.7.1 in one run on one server, against the physical floor (one durable
+// commit per result), and writes docs/bench/results.md and its charts.
+//
+// Every implementation is its own binary (see the Makefile's bench target:
+// one Go build can hold only one version of NanoCMD), every measurement
+// gets a fresh migrated database, and every pool is warmed a few
+// connections at a time before the clock starts.
+package main
+
+import (
+	"bytes"
+	"database/sql"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/stepcollect/stepcollect/bench/internal/fanout"
+)
+
+// serverConfig is one server setting, applied per session through the DSN.
+type serverConfig struct {
+	Name   string
+	Pool   int
+	params map[string]string
+}
+
+var configs = []serverConfig{
+	{Name: "defaults", Pool: 128},
+	{Name: "stricter", Pool: 1000, params: map[string]string{
+		"tx_isolation": "'READ-COMMITTED'", "innodb_lock_wait_timeout": "1"}},
+}
+
+// storageImpl is one storage-level implementation: a binary and the DSN
+// parameters it runs with.
+type storageImpl struct {
+	Label  string
+	Binary string
+	params map[string]string
+}
+
+var storageImpls = []storageImpl{
+	{"NanoCMD v0.7.0", "fanout-nanocmd-v0.7.0", nil},
+	{"NanoCMD v0.7.1", "fanout-nanocmd-v0.7.1", nil},
+	{"stepcollect storage", "fanout-stepcollect", map[string]string{"interpolateParams": "true"}},
+}
+
+// Row labels that are not storage binaries.
+const (
+	implFloor   = "floor: single-row UPDATEs"
+	implService = "stepcollect service (HTTP)"
+)
+
+type runner struct {
+	bin     string
+	server  string
+	admin   *sql.DB
+	results []*fanout.Result
+	raw     *os.File
+	step    int
+	total   int
+}
+
+func main() {
+	var (
+		binDir  = flag.String("bin", "bin/bench", "directory of the fanout-* binaries and of api and worker")
+		nsFlag  = flag.String("n", "25,100,300,3000,10000", "comma-separated fan-out sizes")
+		outDir  = flag.String("out", "docs/bench", "where results.md, the charts and raw.jsonl go")
+		shared  = flag.String("server", "", "use this server DSN (root, no database) instead of a private mariadbd; needs max_connections above 1000")
+		skipBig = flag.Bool("skip-large-table", false, "skip the 1M-row CancelSteps and sweeper measurements")
+		only    = flag.String("only", "", "comma-separated row labels to run (default all)")
+	)
+	flag.Parse()
+	ns, err := parseInts(*nsFlag)
+	if err != nil {
+		die("-n: %v", err)
+	}
+	if err := os.MkdirAll(*outDir, 0o755); err != nil {
+		die("%v", err)
+	}
+	r := &runner{bin: *binDir, server: *shared}
+	if r.server == "" {
+		progress("starting a private mariadbd (max_connections 2000)")
+		srv, err := startPrivateServer(2000)
+		if err != nil {
+			die("%v", err)
+		}
+		defer srv.Stop()
+		r.server = srv.DSN
+	}
+	if r.admin, err = sql.Open("mysql", r.server); err != nil {
+		die("%v", err)
+	}
+	var version string
+	if err := r.admin.QueryRow("SELECT VERSION()").Scan(&version); err != nil {
+		die("server: %v", err)
+	}
+	r.raw, err = os.Create(filepath.Join(*outDir, "raw.jsonl"))
+	if err != nil {
+		die("%v", err)
+	}
+	defer r.raw.Close()
+
+	want := func(label string) bool { return *only == "" || strings.Contains(","+*only+",", ","+label+",") }
+	labels := []string{implFloor}
+	for _, im := range storageImpls {
+		labels = append(labels, im.Label)
+	}
+	labels = append(labels, implService)
+	for _, l := range labels {
+		if want(l) {
+			r.total += len(configs) * len(ns) * 2
+		}
+	}
+	for _, im := range storageImpls {
+		if want(im.Label) {
+			r.total += 2 // the uncontended path, 1 and 4 commands
+		}
+	}
+	started := time.Now()
+
+	for _, cfg := range configs {
+		for _, n := range ns {
+			for _, control := range []bool{false, true} {
+				if want(implFloor) {
+					r.record(r.floor(cfg, n, control))
+				}
+				for _, im := range storageImpls {
+					if want(im.Label) {
+						r.record(r.storage(im, fanout.ModeFanOut, cfg, n, control, 1))
+					}
+				}
+				if want(implService) {
+					r.record(r.service(cfg, n, control))
+				}
+			}
+		}
+	}
+	for _, im := range storageImpls {
+		if !want(im.Label) {
+			continue
+		}
+		for _, k := range []int{1, 4} {
+			r.record(r.storage(im, fanout.ModeUncontended, configs[0], 50, false, k))
+		}
+	}
+	var large *largeTable
+	if !*skipBig {
+		large = r.largeTable(want)
+	}
+
+	md := report(r.results, large, version, started, time.Since(started))
+	if err := os.WriteFile(filepath.Join(*outDir, "results.md"), []byte(md), 0o644); err != nil {
+		die("%v", err)
+	}
+	if err := charts(r.results, ns, *outDir); err != nil {
+		die("charts: %v", err)
+	}
+	fmt.Print(md)
+	progress("done in %v; wrote %s", time.Since(started).Round(time.Second), filepath.Join(*outDir, "results.md"))
+}
+
+func (r *runner) record(res *fanout.Result, err error) {
+	if err != nil {
+		die("%v", err)
+	}
+	r.results = append(r.results, res)
+	b, _ := json.Marshal(res)
+	r.raw.Write(append(b, '\n'))
+}
+
+func (r *runner) announce(label string, cfg serverConfig, n int, control bool, mode string) {
+	r.step++
+	shape := "one step"
+	if control {
+		shape = "control: a step each"
+	}
+	if mode != fanout.ModeFanOut {
+		shape = mode
+	}
+	if mode == fanout.ModeUncontended {
+		cfg.Name = fmt.Sprintf("%d cmd", n)
+		n = 50
+	}
+	progress("[%d/%d] %-28s %-8s N=%-5d %s …", r.step, max(r.total, r.step), label, cfg.Name, n, shape)
+}
+
+// storage runs one storage-level measurement through an implementation's
+// binary on a fresh database.
+func (r *runner) storage(im storageImpl, mode string, cfg serverConfig, n int, control bool, commands int) (*fanout.Result, error) {
+	if mode == fanout.ModeUncontended {
+		r.announce(im.Label, cfg, commands, control, mode)
+	} else {
+		r.announce(im.Label, cfg, n, control, mode)
+	}
+	dsn, drop, err := freshDatabase(r.admin, r.server, merge(cfg.params, im.params))
+	if err != nil {
+		return nil, err
+	}
+	defer drop()
+	res, err := runBinary(filepath.Join(r.bin, im.Binary), im.Label, mode, dsn, n, cfg.Pool, control, commands)
+	if err != nil {
+		return nil, err
+	}
+	res.Server = cfg.Name
+	done(res)
+	return res, nil
+}
+
+func runBinary(bin, label, mode, dsn string, n, pool int, control bool, commands int) (*fanout.Result, error) {
+	cmd := exec.Command(bin, "-label", label, "-mode", mode, "-dsn", dsn, "-n", strconv.Itoa(n),
+		"-pool", strconv.Itoa(pool), "-control="+strconv.FormatBool(control), "-commands", strconv.Itoa(commands))
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return nil, fmt.Errorf("%s: %v: %s", filepath.Base(bin), err, stderr.String())
+	}
+	var res fanout.Result
+	if err := json.Unmarshal(stdout.Bytes(), &res); err != nil {
+		return nil, fmt.Errorf("%s output %q: %v", bin, stdout.String(), err)
+	}
+	return &res, nil
+}
+
+func done(res *fanout.Result) {
+	extra := ""
+	if res.LagP99MS > 0 {
+		extra = fmt.Sprintf(", lag p99 %.0f ms", res.LagP99MS)
+	}
+	fmt.Fprintf(os.Stderr, " %.0f ms, %d errors%s\n", res.WallMS, sum(res.Errors), extra)
+}
+
+func merge(ms ...map[string]string) map[string]string {
+	out := map[string]string{}
+	for _, m := range ms {
+		for k, v := range m {
+			out[k] = v
+		}
+	}
+	return out
+}
+
+func sum(m map[string]int) int {
+	t := 0
+	for _, v := range m {
+		t += v
+	}
+	return t
+}
+
+func parseInts(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("%q is not a positive count", f)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+func progress(format string, a ...any) {
+	fmt.Fprintf(os.Stderr, "%s "+format, append([]any{time.Now().Format("15:04:05")}, a...)...)
+	if !strings.HasSuffix(format, "…") {
+		fmt.Fprintln(os.Stderr)
+	}
+}
+
+func die(format string, a ...any) {
+	fmt.Fprintf(os.Stderr, "bench: "+format+"\n", a...)
+	os.Exit(1)
+}

@@ -1,0 +1,42 @@
+package mysql
+
+import (
+	"testing"
+	"time"
+
+	nanostorage "github.com/micromdm/nanocmd/engine/storage"
+)
+
+func TestStepCacheEvictsTheLeastRecentlyUsedAndHandsOutCopies(t *testing.T) {
+	c := newStepCache(2, time.Hour)
+	c.put(1, nanostorage.StepContext{WorkflowName: "one", Context: []byte("ctx")})
+	c.put(2, nanostorage.StepContext{WorkflowName: "two"})
+	if _, ok := c.get(1); !ok { // 1 is now the most recently used
+		t.Fatal("1 missing")
+	}
+	c.put(3, nanostorage.StepContext{WorkflowName: "three"})
+	if _, ok := c.get(2); ok {
+		t.Error("2 should have been evicted")
+	}
+	got, ok := c.get(1)
+	if !ok || got.WorkflowName != "one" {
+		t.Fatalf("1: %+v %v", got, ok)
+	}
+	got.Context[0] = 'X'
+	if again, _ := c.get(1); string(again.Context) != "ctx" {
+		t.Errorf("a caller's change reached the cache: %q", again.Context)
+	}
+	c.put(4, nanostorage.StepContext{Context: make([]byte, maxCachedContext+1)})
+	if _, ok := c.get(4); ok {
+		t.Error("an oversized context was cached")
+	}
+}
+
+func TestStepCacheEntriesExpire(t *testing.T) {
+	c := newStepCache(10, time.Millisecond)
+	c.put(1, nanostorage.StepContext{WorkflowName: "one"})
+	time.Sleep(5 * time.Millisecond)
+	if _, ok := c.get(1); ok {
+		t.Error("expired entry returned")
+	}
+}
