@@ -25,6 +25,14 @@ func main() {
 		os.Exit(2)
 	}
 	logger, _ := logging.New(os.Stderr, cfg.LogLevel, cfg.LogFormat)
+	if path := os.Getenv("STEPCOLLECT_CPU_PROFILE"); path != "" {
+		stopProfile, err := logging.CPUProfile(path)
+		if err != nil {
+			logger.Error().Err(err).Msg("STEPCOLLECT_CPU_PROFILE")
+			os.Exit(2)
+		}
+		defer stopProfile()
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()

@@ -4,6 +4,8 @@ package logging
 import (
 	"fmt"
 	"io"
+	"os"
+	"runtime/pprof"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -35,3 +37,18 @@ func (a Asynq) Info(args ...any)  { a.L.Info().Msg(fmt.Sprint(args...)) }
 func (a Asynq) Warn(args ...any)  { a.L.Warn().Msg(fmt.Sprint(args...)) }
 func (a Asynq) Error(args ...any) { a.L.Error().Msg(fmt.Sprint(args...)) }
 func (a Asynq) Fatal(args ...any) { a.L.Fatal().Msg(fmt.Sprint(args...)) }
+
+// CPUProfile writes a pprof CPU profile to path until the returned function
+// is called (STEPCOLLECT_CPU_PROFILE, for finding where time goes under
+// load: go tool pprof -top <binary> <path>).
+func CPUProfile(path string) (func(), error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() { pprof.StopCPUProfile(); f.Close() }, nil
+}

@@ -58,13 +58,14 @@ const (
 )
 
 type runner struct {
-	bin     string
-	server  string
-	admin   *sql.DB
-	results []*fanout.Result
-	raw     *os.File
-	step    int
-	total   int
+	bin       string
+	serverPID int
+	server    string
+	admin     *sql.DB
+	results   []*fanout.Result
+	raw       *os.File
+	step      int
+	total     int
 }
 
 func main() {
@@ -74,6 +75,7 @@ func main() {
 		outDir  = flag.String("out", "docs/bench", "where results.md, the charts and raw.jsonl go")
 		shared  = flag.String("server", "", "use this server DSN (root, no database) instead of a private mariadbd; needs max_connections above 1000")
 		skipBig = flag.Bool("skip-large-table", false, "skip the 1M-row CancelSteps and sweeper measurements")
+		noProf  = flag.Bool("skip-profile", false, "skip the profiled service run")
 		only    = flag.String("only", "", "comma-separated row labels to run (default all)")
 	)
 	flag.Parse()
@@ -92,7 +94,7 @@ func main() {
 			die("%v", err)
 		}
 		defer srv.Stop()
-		r.server = srv.DSN
+		r.server, r.serverPID = srv.DSN, srv.cmd.Process.Pid
 	}
 	if r.admin, err = sql.Open("mysql", r.server); err != nil {
 		die("%v", err)
@@ -154,8 +156,12 @@ func main() {
 	if !*skipBig {
 		large = r.largeTable(want)
 	}
+	var prof *profiled
+	if !*noProf && want(implService) {
+		prof = r.profile(*outDir)
+	}
 
-	md := report(r.results, large, version, started, time.Since(started))
+	md := report(r.results, large, prof, version, started, time.Since(started))
 	if err := os.WriteFile(filepath.Join(*outDir, "results.md"), []byte(md), 0o644); err != nil {
 		die("%v", err)
 	}

@@ -45,7 +45,7 @@ func index(results []*fanout.Result) map[key]*fanout.Result {
 	return m
 }
 
-func report(results []*fanout.Result, large *largeTable, version string, started time.Time, took time.Duration) string {
+func report(results []*fanout.Result, large *largeTable, prof *profiled, version string, started time.Time, took time.Duration) string {
 	var b strings.Builder
 	host, _ := os.Hostname()
 	idx := index(results)
@@ -125,6 +125,9 @@ func report(results []*fanout.Result, large *largeTable, version string, started
 				large.SweepSteps, large.Unreferenced, dur(large.SweepRuns[0]), dur(large.SweepRuns[1]), dur(large.SweepRuns[2]), large.Collected)
 		}
 		b.WriteString("\n")
+	}
+	if prof != nil {
+		b.WriteString(prof.markdown())
 	}
 	b.WriteString("Raw results, one JSON object a measurement: `raw.jsonl`.\n")
 	return b.String()

@@ -66,6 +66,12 @@ const benchAPIKey = "bench-api-key"
 // from a private Redis. Wall time and latencies are the HTTP requests';
 // collection lag comes from the worker's own histogram.
 func (r *runner) service(cfg serverConfig, n int, control bool) (*fanout.Result, error) {
+	return r.serviceProfiled(cfg, n, control, "")
+}
+
+// serviceProfiled is service, with the api writing a CPU profile to
+// profile when it is not empty.
+func (r *runner) serviceProfiled(cfg serverConfig, n int, control bool, profile string) (*fanout.Result, error) {
 	r.announce(implService, cfg, n, control, fanout.ModeFanOut)
 	dsn, drop, err := freshDatabase(r.admin, r.server, merge(cfg.params, map[string]string{"interpolateParams": "true"}))
 	if err != nil {
@@ -93,8 +99,11 @@ func (r *runner) service(cfg serverConfig, n int, control bool) (*fanout.Result,
 	if err := awaitOK(workerURL+"/readyz", 30*time.Second); err != nil {
 		return nil, fmt.Errorf("worker: %v\n%s", err, worker.logs.String())
 	}
-	api, err := startProc(filepath.Join(r.bin, "api"), append(env, "STEPCOLLECT_API_KEY="+benchAPIKey,
-		"STEPCOLLECT_MYSQL_MAX_CONNS="+strconv.Itoa(cfg.Pool)), "-listen", fmt.Sprintf("127.0.0.1:%d", apiPort))
+	apiEnv := append(env, "STEPCOLLECT_API_KEY="+benchAPIKey, "STEPCOLLECT_MYSQL_MAX_CONNS="+strconv.Itoa(cfg.Pool))
+	if profile != "" {
+		apiEnv = append(apiEnv, "STEPCOLLECT_CPU_PROFILE="+profile)
+	}
+	api, err := startProc(filepath.Join(r.bin, "api"), apiEnv, "-listen", fmt.Sprintf("127.0.0.1:%d", apiPort))
 	if err != nil {
 		return nil, err
 	}
@@ -213,11 +222,21 @@ func (r *runner) service(cfg serverConfig, n int, control bool) (*fanout.Result,
 			}
 		}()
 	}
+	pids := map[string]int{"api": api.cmd.Process.Pid, "worker": worker.cmd.Process.Pid, "load generator": os.Getpid()}
+	if r.serverPID > 0 {
+		pids["mysqld"] = r.serverPID
+	}
+	before := cpuTimes(pids)
 	start := time.Now()
 	close(release)
 	wg.Wait()
 	res.WallMS = fanout.MS(time.Since(start))
 	res.P50MS, res.P99MS = fanout.Quantiles(lat)
+	after := cpuTimes(pids)
+	res.CPU = map[string]float64{}
+	for name := range pids {
+		res.CPU[name] = after[name] - before[name]
+	}
 
 	// wait for the worker to collect everything, then read its lag histogram
 	db, err := sql.Open("mysql", dsn)
@@ -288,4 +307,25 @@ func lagQuantiles(url string) (p50, p99 float64, err error) {
 		return prevLe * 1000
 	}
 	return q(0.5), q(0.99), nil
+}
+
+// cpuTimes reads each process's user+system CPU time, in ms, from /proc.
+func cpuTimes(pids map[string]int) map[string]float64 {
+	out := map[string]float64{}
+	for name, pid := range pids {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue
+		}
+		// fields after the parenthesised command name: utime and stime are
+		// the 12th and 13th, in clock ticks of 10 ms
+		f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+2:]))
+		if len(f) < 13 {
+			continue
+		}
+		ut, _ := strconv.ParseFloat(f[11], 64)
+		st, _ := strconv.ParseFloat(f[12], 64)
+		out[name] = (ut + st) * 10
+	}
+	return out
 }

@@ -60,6 +60,9 @@ type Result struct {
 	LagP99MS float64 `json:"lag_p99_ms,omitempty"`
 	// Config is the server setting the row was measured under.
 	Server string `json:"server,omitempty"`
+	// CPU is the CPU time each process used during the timed window, in ms
+	// (the service rows: api, worker, mysqld, load generator).
+	CPU map[string]float64 `json:"cpu_ms,omitempty"`
 }
 
 // Stranded is what a run left in the tables; all zero when it cleaned up.
