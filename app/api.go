@@ -14,7 +14,6 @@ import (
 
 	"github.com/stepcollect/stepcollect/httpapi"
 	"github.com/stepcollect/stepcollect/internal/config"
-	"github.com/stepcollect/stepcollect/internal/logging"
 	stepmysql "github.com/stepcollect/stepcollect/storage/mysql"
 	"github.com/stepcollect/stepcollect/tasks"
 )
@@ -37,24 +36,11 @@ type APIConfig struct {
 // ParseAPIConfig reads the API's flags, with environment fallbacks.
 func ParseAPIConfig(args []string, getenv func(string) string) (APIConfig, *config.Set, error) {
 	s := config.New("api", getenv)
-	dsn := s.String("mysql-dsn", "STEPCOLLECT_MYSQL_DSN", DefaultMySQLDSN, "MySQL/MariaDB DSN (go-sql-driver form)")
-	redis := s.String("redis-url", "STEPCOLLECT_REDIS_URL", DefaultRedisURL, "Redis URL: redis://, rediss:// or redis-sentinel://")
-	migrate := s.Bool("migrate", "STEPCOLLECT_MIGRATE", true, "apply the embedded schema migrations at start")
-	maxConns := s.Int("mysql-max-conns", "STEPCOLLECT_MYSQL_MAX_CONNS", 64, "most MySQL connections this process opens (every replica's count adds up against max_connections)")
+	common := addCommonFlags(s)
 	listen := s.String("listen", "STEPCOLLECT_LISTEN", "127.0.0.1:9100", "address for the webhook, /v1, health and /metrics")
 	apiKey := s.String("api-key", "STEPCOLLECT_API_KEY", "", "API key for /v1/* (Bearer, or basic-auth password); none: /v1 answers 401")
 	hmacKey := s.String("webhook-hmac-key", "STEPCOLLECT_WEBHOOK_HMAC_KEY", "", "NanoMDM's -webhook-hmac-key; none: webhook bodies are not verified")
 	maxBody := s.Int("max-body-bytes", "STEPCOLLECT_MAX_BODY_BYTES", httpapi.DefaultMaxBody, "largest request body accepted (413 above)")
-	level := s.String("log-level", "STEPCOLLECT_LOG_LEVEL", "info", "debug, info, warn or error")
-	format := s.String("log-format", "STEPCOLLECT_LOG_FORMAT", "json", "json, or console for people")
-	s.Check(config.MySQLDSN("mysql-dsn", dsn))
-	s.Check(config.RedisURL("redis-url", redis))
-	s.Check(func() error {
-		if *maxConns < 2 {
-			return fmt.Errorf("-mysql-max-conns: %d is less than 2", *maxConns)
-		}
-		return nil
-	})
 	s.Check(config.ListenAddr("listen", listen))
 	s.Check(func() error {
 		if *maxBody < 1024 {
@@ -62,13 +48,13 @@ func ParseAPIConfig(args []string, getenv func(string) string) (APIConfig, *conf
 		}
 		return nil
 	})
-	s.Check(func() error { _, err := logging.New(nil, *level, *format); return err })
 	if err := s.Parse(args); err != nil {
 		return APIConfig{}, s, err
 	}
 	return APIConfig{
-		MySQLDSN: *dsn, RedisURL: *redis, Migrate: *migrate, Listen: *listen, APIKey: *apiKey,
-		WebhookHMACKey: *hmacKey, MaxBodyBytes: int64(*maxBody), LogLevel: *level, LogFormat: *format, MySQLMaxConns: *maxConns,
+		MySQLDSN: *common.dsn, RedisURL: *common.redis, Migrate: *common.migrate, Listen: *listen, APIKey: *apiKey,
+		WebhookHMACKey: *hmacKey, MaxBodyBytes: int64(*maxBody), LogLevel: *common.level, LogFormat: *common.format,
+		MySQLMaxConns: *common.maxConns,
 	}, s, nil
 }
 

@@ -61,26 +61,13 @@ type WorkerConfig struct {
 func ParseWorkerConfig(args []string, getenv func(string) string) (WorkerConfig, *config.Set, error) {
 	var c WorkerConfig
 	s := config.New("worker", getenv)
-	dsn := s.String("mysql-dsn", "STEPCOLLECT_MYSQL_DSN", DefaultMySQLDSN, "MySQL/MariaDB DSN (go-sql-driver form)")
-	redis := s.String("redis-url", "STEPCOLLECT_REDIS_URL", DefaultRedisURL, "Redis URL: redis://, rediss:// or redis-sentinel://")
-	migrate := s.Bool("migrate", "STEPCOLLECT_MIGRATE", true, "apply the embedded schema migrations at start")
-	maxConns := s.Int("mysql-max-conns", "STEPCOLLECT_MYSQL_MAX_CONNS", 64, "most MySQL connections this process opens (every replica's count adds up against max_connections)")
+	common := addCommonFlags(s)
 	listen := s.String("metrics-listen", "STEPCOLLECT_METRICS_LISTEN", "127.0.0.1:9101", "address for /metrics, /healthz and /readyz")
 	conc := s.Int("concurrency", "STEPCOLLECT_CONCURRENCY", 4*runtime.NumCPU(), "tasks processed at once (collection waits on MySQL, not CPU)")
 	sweep := s.Duration("sweep-interval", "STEPCOLLECT_SWEEP_INTERVAL", 30*time.Second, "time between sweeps across all replicas; 0 disables the sweeper")
 	schedule := s.Duration("schedule-interval", "STEPCOLLECT_SCHEDULE_INTERVAL", 10*time.Second, "how often step timeouts and not_until are acted on, across all replicas; 0 disables")
 	callback := s.String("callback-url", "STEPCOLLECT_CALLBACK_URL", "", "where events are POSTed; none: events wait in the outbox")
 	callbackKey := s.String("callback-hmac-key", "STEPCOLLECT_CALLBACK_HMAC_KEY", "", "signs each callback body (X-Stepcollect-Signature)")
-	level := s.String("log-level", "STEPCOLLECT_LOG_LEVEL", "info", "debug, info, warn or error")
-	format := s.String("log-format", "STEPCOLLECT_LOG_FORMAT", "json", "json, or console for people")
-	s.Check(config.MySQLDSN("mysql-dsn", dsn))
-	s.Check(config.RedisURL("redis-url", redis))
-	s.Check(func() error {
-		if *maxConns < 2 {
-			return fmt.Errorf("-mysql-max-conns: %d is less than 2", *maxConns)
-		}
-		return nil
-	})
 	s.Check(config.ListenAddr("metrics-listen", listen))
 	s.Check(config.HTTPURL("callback-url", callback))
 	s.Check(func() error {
@@ -89,14 +76,13 @@ func ParseWorkerConfig(args []string, getenv func(string) string) (WorkerConfig,
 		}
 		return nil
 	})
-	s.Check(func() error { _, err := logging.New(nil, *level, *format); return err })
 	if err := s.Parse(args); err != nil {
 		return c, s, err
 	}
 	return WorkerConfig{
-		MySQLDSN: *dsn, RedisURL: *redis, Migrate: *migrate, MetricsListen: *listen,
+		MySQLDSN: *common.dsn, RedisURL: *common.redis, Migrate: *common.migrate, MetricsListen: *listen,
 		Concurrency: *conc, SweepInterval: *sweep, ScheduleInterval: *schedule, CallbackURL: *callback,
-		CallbackHMACKey: *callbackKey, LogLevel: *level, LogFormat: *format, MySQLMaxConns: *maxConns,
+		CallbackHMACKey: *callbackKey, LogLevel: *common.level, LogFormat: *common.format, MySQLMaxConns: *common.maxConns,
 		ShutdownTimeout: 8 * time.Second,
 	}, s, nil
 }

@@ -1,0 +1,92 @@
+package app
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/rs/zerolog"
+
+	"github.com/stepcollect/stepcollect/internal/config"
+	"github.com/stepcollect/stepcollect/internal/logging"
+)
+
+// commonFlags are the flags both binaries take.
+type commonFlags struct {
+	dsn, redis, level, format *string
+	migrate                   *bool
+	maxConns                  *int
+}
+
+func addCommonFlags(s *config.Set) *commonFlags {
+	f := &commonFlags{
+		dsn:      s.String("mysql-dsn", "STEPCOLLECT_MYSQL_DSN", DefaultMySQLDSN, "MySQL/MariaDB DSN (go-sql-driver form)"),
+		redis:    s.String("redis-url", "STEPCOLLECT_REDIS_URL", DefaultRedisURL, "Redis URL: redis://, rediss:// or redis-sentinel://"),
+		migrate:  s.Bool("migrate", "STEPCOLLECT_MIGRATE", true, "apply the embedded schema migrations at start"),
+		maxConns: s.Int("mysql-max-conns", "STEPCOLLECT_MYSQL_MAX_CONNS", 64, "most MySQL connections this process opens (every replica's count adds up against max_connections)"),
+		level:    s.String("log-level", "STEPCOLLECT_LOG_LEVEL", "info", "debug, info, warn or error"),
+		format:   s.String("log-format", "STEPCOLLECT_LOG_FORMAT", "json", "json, or console for people"),
+	}
+	s.Check(config.MySQLDSN("mysql-dsn", f.dsn))
+	s.Check(config.RedisURL("redis-url", f.redis))
+	s.Check(func() error {
+		if *f.maxConns < 2 {
+			return fmt.Errorf("-mysql-max-conns: %d is less than 2", *f.maxConns)
+		}
+		return nil
+	})
+	s.Check(func() error { _, err := logging.New(nil, *f.level, *f.format); return err })
+	return f
+}
+
+// Service is what Main runs until a signal.
+type Service interface {
+	Run(ctx context.Context) error
+}
+
+// Main is all of cmd/api's and cmd/worker's main: parse the flags (exit 2
+// with one line naming a bad one), build the logger, optionally profile
+// (STEPCOLLECT_CPU_PROFILE), start the service and run it until SIGINT or
+// SIGTERM.
+func Main[C any](name string, parse func([]string, func(string) string) (C, *config.Set, error),
+	logs func(C) (level, format string), start func(context.Context, C, zerolog.Logger) (Service, error)) {
+	os.Exit(run(name, parse, logs, start))
+}
+
+// run is Main's body; its defers (the profile, the signal handler) run
+// before Main exits with the code it returns.
+func run[C any](name string, parse func([]string, func(string) string) (C, *config.Set, error),
+	logs func(C) (level, format string), start func(context.Context, C, zerolog.Logger) (Service, error)) int {
+	cfg, flags, err := parse(os.Args[1:], os.Getenv)
+	if config.IsHelp(err) {
+		flags.Usage(os.Stdout)
+		return 0
+	} else if err != nil {
+		fmt.Fprintln(os.Stderr, name+":", err)
+		return 2
+	}
+	level, format := logs(cfg)
+	logger, _ := logging.New(os.Stderr, level, format)
+	if path := os.Getenv("STEPCOLLECT_CPU_PROFILE"); path != "" {
+		stop, err := logging.CPUProfile(path)
+		if err != nil {
+			logger.Error().Err(err).Msg("STEPCOLLECT_CPU_PROFILE")
+			return 2
+		}
+		defer stop()
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	svc, err := start(ctx, cfg, logger)
+	if err != nil {
+		logger.Error().Err(err).Msg(name + ": cannot start")
+		return 1
+	}
+	if err := svc.Run(ctx); err != nil {
+		logger.Error().Err(err).Msg(name + ": stopped with an error")
+		return 1
+	}
+	return 0
+}
