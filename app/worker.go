@@ -6,6 +6,7 @@ package app
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -251,7 +252,16 @@ func openStorage(ctx context.Context, dsn string, maxConns int, migrate bool, lo
 	db.SetConnMaxLifetime(time.Hour)
 	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if err := db.PingContext(pingCtx); err != nil {
+	err = db.PingContext(pingCtx)
+	var me *mysql.MySQLError
+	if errors.As(err, &me) && me.Number == errUnknownDatabase && migrate {
+		// a fresh server: make the database, then migrate it below
+		if err = stepmysql.EnsureDatabase(pingCtx, dsn); err == nil {
+			logger.Info().Msg("created the database named in -mysql-dsn")
+			err = db.PingContext(pingCtx)
+		}
+	}
+	if err != nil {
 		db.Close()
 		return nil, nil, fmt.Errorf("mysql (-mysql-dsn): %w", err)
 	}
@@ -272,6 +282,9 @@ func openStorage(ctx context.Context, dsn string, maxConns int, migrate bool, lo
 	}
 	return db, store, nil
 }
+
+// errUnknownDatabase is MySQL's "Unknown database".
+const errUnknownDatabase = 1049
 
 // readyChecks are what /readyz asks of both services: MySQL and Redis.
 func readyChecks(db *sql.DB, enq *tasks.Enqueuer) []httpapi.Check {

@@ -80,3 +80,21 @@ func TestAPIRejectsABadFlagInOneLineNamingIt(t *testing.T) {
 		}
 	}
 }
+
+// Pointed at a database that does not exist yet, with -migrate on, the api
+// creates it, migrates it and serves.
+func TestAPICreatesTheDatabaseWhenItIsMissing(t *testing.T) {
+	db := testdb.New(t, nil)
+	fresh := db.Name + "_fresh"
+	t.Cleanup(func() { db.Exec("DROP DATABASE IF EXISTS " + fresh) })
+	dsn := strings.Replace(db.DSN, "/"+db.Name+"?", "/"+fresh+"?", 1)
+	rs := testredis.Start(t)
+	addr := testproc.FreeAddr(t)
+	p := testproc.Start(t, apiBin, []string{"STEPCOLLECT_MYSQL_DSN=" + dsn, "STEPCOLLECT_REDIS_URL=" + rs.URL}, "-listen", addr)
+	testproc.AwaitHTTP(t, p, "http://"+addr+"/readyz", 20*time.Second)
+	var tables int
+	db.QueryRow(`SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = ?`, fresh).Scan(&tables)
+	if tables < 7 {
+		t.Errorf("%d tables in the created database, want the schema's 7", tables)
+	}
+}

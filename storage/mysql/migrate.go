@@ -7,7 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"strings"
 	"time"
+
+	"github.com/go-sql-driver/mysql"
 
 	"github.com/pressly/goose/v3"
 )
@@ -119,6 +122,29 @@ func (l getLock) SessionUnlock(ctx context.Context, conn *sql.Conn) error {
 	}
 	if !released.Valid || released.Int64 != 1 {
 		return errors.New("migration unlock: lock " + l.name + " was not held")
+	}
+	return nil
+}
+
+// EnsureDatabase creates the database dsn names if it does not exist, so a
+// fresh server needs nothing done by hand before the first start.
+func EnsureDatabase(ctx context.Context, dsn string) error {
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		return fmt.Errorf("mysql dsn: %w", err)
+	}
+	if cfg.DBName == "" {
+		return errors.New("mysql dsn: names no database")
+	}
+	name := cfg.DBName
+	cfg.DBName = ""
+	admin, err := sql.Open("mysql", cfg.FormatDSN())
+	if err != nil {
+		return err
+	}
+	defer admin.Close()
+	if _, err := admin.ExecContext(ctx, "CREATE DATABASE IF NOT EXISTS `"+strings.ReplaceAll(name, "`", "``")+"`"); err != nil {
+		return fmt.Errorf("creating database %s: %w", name, err)
 	}
 	return nil
 }

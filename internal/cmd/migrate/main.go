@@ -5,7 +5,6 @@ package main
 
 import (
 	"context"
-	"database/sql"
 	"flag"
 	"fmt"
 	"os"
@@ -37,16 +36,8 @@ func run(dsn string) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-
-	server := cfg.Clone()
-	server.DBName = ""
-	admin, err := sql.Open("mysql", server.FormatDSN())
-	if err != nil {
+	if err := stepmysql.EnsureDatabase(ctx, dsn); err != nil {
 		return err
-	}
-	defer admin.Close()
-	if _, err := admin.ExecContext(ctx, "CREATE DATABASE IF NOT EXISTS `"+cfg.DBName+"`"); err != nil {
-		return fmt.Errorf("creating database %s: %w", cfg.DBName, err)
 	}
 
 	db, err := stepmysql.OpenDB(dsn)
