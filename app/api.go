@@ -9,12 +9,10 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/hibiken/asynq"
 	"github.com/rs/zerolog"
 
 	"github.com/stepcollect/stepcollect/httpapi"
 	"github.com/stepcollect/stepcollect/internal/config"
-	stepmysql "github.com/stepcollect/stepcollect/storage/mysql"
 	"github.com/stepcollect/stepcollect/tasks"
 )
 
@@ -73,20 +71,13 @@ type API struct {
 // handler and binds the listener. Redis need not be up: results are
 // committed without it.
 func NewAPI(ctx context.Context, cfg APIConfig, logger zerolog.Logger) (*API, error) {
-	redisOpt, err := asynq.ParseRedisURI(cfg.RedisURL)
+	d, err := openDeps(ctx, cfg.RedisURL, cfg.MySQLDSN, cfg.MySQLMaxConns, cfg.Migrate, true, logger)
 	if err != nil {
-		return nil, fmt.Errorf("-redis-url: %w", err)
-	}
-	m := newMetrics(redisOpt)
-	enq := tasks.NewEnqueuer(redisOpt, tasks.OnEnqueueFailure(m.Enqueue.Failed))
-	db, store, err := openStorage(ctx, cfg.MySQLDSN, cfg.MySQLMaxConns, cfg.Migrate, logger,
-		stepmysql.WithObserver(m.Storage), stepmysql.WithCollector(enq), stepmysql.WithOutbox(), stepmysql.WithEventSink(enq))
-	if err != nil {
-		enq.Close()
 		return nil, err
 	}
+	db, enq, m := d.db, d.enq, d.metrics
 	handler := httpapi.New(httpapi.Config{
-		Store:          store,
+		Store:          d.store,
 		Logger:         logger.With().Str("component", "http").Logger(),
 		APIKey:         cfg.APIKey,
 		WebhookHMACKey: []byte(cfg.WebhookHMACKey),

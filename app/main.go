@@ -2,15 +2,20 @@ package app
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"os"
 	"os/signal"
 	"syscall"
 
+	"github.com/hibiken/asynq"
 	"github.com/rs/zerolog"
 
 	"github.com/stepcollect/stepcollect/internal/config"
 	"github.com/stepcollect/stepcollect/internal/logging"
+	"github.com/stepcollect/stepcollect/metrics"
+	stepmysql "github.com/stepcollect/stepcollect/storage/mysql"
+	"github.com/stepcollect/stepcollect/tasks"
 )
 
 // commonFlags are the flags both binaries take.
@@ -89,4 +94,40 @@ func run[C any](name string, parse func([]string, func(string) string) (C, *conf
 		return 1
 	}
 	return 0
+}
+
+// deps is what both services open first: Redis options, the metric set,
+// the enqueuer, and the storage on its pool, all wired to one another.
+type deps struct {
+	redisOpt asynq.RedisConnOpt
+	metrics  *metrics.Set
+	enq      *tasks.Enqueuer
+	db       *sql.DB
+	store    *stepmysql.Storage
+}
+
+// openDeps opens them. With collectViaQueue the storage hands unreferenced
+// steps to the queue (the api, where results arrive) instead of collecting
+// them itself.
+func openDeps(ctx context.Context, redisURL, dsn string, maxConns int, migrate, collectViaQueue bool, logger zerolog.Logger) (*deps, error) {
+	redisOpt, err := asynq.ParseRedisURI(redisURL)
+	if err != nil {
+		return nil, fmt.Errorf("-redis-url: %w", err)
+	}
+	d := &deps{redisOpt: redisOpt, metrics: newMetrics(redisOpt)}
+	d.enq = tasks.NewEnqueuer(redisOpt, tasks.OnEnqueueFailure(d.metrics.Enqueue.Failed))
+	opts := []stepmysql.Option{stepmysql.WithObserver(d.metrics.Storage), stepmysql.WithOutbox(), stepmysql.WithEventSink(d.enq)}
+	if collectViaQueue {
+		opts = append(opts, stepmysql.WithCollector(d.enq))
+	}
+	if d.db, d.store, err = openStorage(ctx, dsn, maxConns, migrate, logger, opts...); err != nil {
+		d.enq.Close()
+		return nil, err
+	}
+	return d, nil
+}
+
+func (d *deps) close() {
+	d.enq.Close()
+	d.db.Close()
 }

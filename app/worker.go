@@ -109,18 +109,11 @@ type Worker struct {
 // NewWorker connects to MySQL (migrating it if configured), prepares the
 // asynq server and binds the metrics listener. Redis need not be up yet.
 func NewWorker(ctx context.Context, cfg WorkerConfig, logger zerolog.Logger) (*Worker, error) {
-	redisOpt, err := asynq.ParseRedisURI(cfg.RedisURL)
+	d, err := openDeps(ctx, cfg.RedisURL, cfg.MySQLDSN, cfg.MySQLMaxConns, cfg.Migrate, false, logger)
 	if err != nil {
-		return nil, fmt.Errorf("-redis-url: %w", err)
-	}
-	m := newMetrics(redisOpt)
-	enq := tasks.NewEnqueuer(redisOpt, tasks.OnEnqueueFailure(m.Enqueue.Failed))
-	db, store, err := openStorage(ctx, cfg.MySQLDSN, cfg.MySQLMaxConns, cfg.Migrate, logger,
-		stepmysql.WithObserver(m.Storage), stepmysql.WithOutbox(), stepmysql.WithEventSink(enq))
-	if err != nil {
-		enq.Close()
 		return nil, err
 	}
+	redisOpt, m, enq, db, store := d.redisOpt, d.metrics, d.enq, d.db, d.store
 
 	w := &Worker{cfg: cfg, logger: logger, db: db, store: store, enq: enq}
 	w.sweeper = collector.NewSweeper(collector.SweeperConfig{Interval: cfg.SweepInterval, OfferEvents: cfg.CallbackURL != "", EventGrace: cfg.EventGrace},
