@@ -77,18 +77,9 @@ func startWorker(t *testing.T, b *workerBundle, sweep time.Duration) string {
 	return "http://" + w.MetricsAddr() + "/metrics"
 }
 
-type rowCounts struct{ steps, idCommands, stepCommands int }
+type rowCounts = testdb.StepRows
 
-func countRows(t *testing.T, db *sql.DB) rowCounts {
-	t.Helper()
-	var c rowCounts
-	err := db.QueryRow(`SELECT (SELECT COUNT(*) FROM steps), (SELECT COUNT(*) FROM id_commands), (SELECT COUNT(*) FROM step_commands)`).
-		Scan(&c.steps, &c.idCommands, &c.stepCommands)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
-}
+func countRows(t *testing.T, db *sql.DB) rowCounts { return testdb.CountStepRows(t, db) }
 
 // awaitEmpty waits, polling, until the step tables are empty or within is
 // up; it returns how long it took and whether they emptied.
@@ -195,7 +186,7 @@ func TestRedisKilledDuringCommitsThenTheSweeperCollectsAfterItReturns(t *testing
 		}
 		reportAll(t, b.results, st) // no error: a hand-off failure never fails a result
 	}
-	if c := countRows(t, b.db.DB); c != (rowCounts{steps: 3}) {
+	if c := countRows(t, b.db.DB); c != (rowCounts{Steps: 3}) {
 		t.Fatalf("with Redis down: %+v, want the 3 unreferenced steps and nothing else", c)
 	}
 

@@ -125,3 +125,18 @@ func New(t testing.TB, opts *Options) *DB {
 	t.Cleanup(func() { db.Close() })
 	return &DB{DB: db, Name: name, DSN: dsn}
 }
+
+// StepRows is what the three step tables hold.
+type StepRows struct{ Steps, IDCommands, StepCommands int }
+
+// CountStepRows counts the rows of steps, id_commands and step_commands.
+func CountStepRows(t testing.TB, db *sql.DB) StepRows {
+	t.Helper()
+	var c StepRows
+	err := db.QueryRow(`SELECT (SELECT COUNT(*) FROM steps), (SELECT COUNT(*) FROM id_commands), (SELECT COUNT(*) FROM step_commands)`).
+		Scan(&c.Steps, &c.IDCommands, &c.StepCommands)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}

@@ -79,8 +79,8 @@ func TestNotUntilStepCompletesWithItsRawCommandsStillPresent(t *testing.T) {
 	if err := b.store.StoreStep(ctx, step, time.Now()); err != nil {
 		t.Fatal(err)
 	}
-	if c := countRows(t, b.db.DB); c.stepCommands != 3 {
-		t.Fatalf("raw commands stored: %d, want 3", c.stepCommands)
+	if c := countRows(t, b.db.DB); c.StepCommands != 3 {
+		t.Fatalf("raw commands stored: %d, want 3", c.StepCommands)
 	}
 	for _, id := range step.IDs {
 		var done *nanostorage.StepResult
@@ -203,7 +203,7 @@ func TestTwentyCancelsRacingFiftyCompletionsOfASharedStep(t *testing.T) {
 		t.Errorf("completed %d, want %d", done, completes)
 	}
 	after := countRows(t, b.db.DB)
-	want := rowCounts{steps: before.steps - 1, idCommands: before.idCommands - cancels - completes}
+	want := rowCounts{Steps: before.Steps - 1, IDCommands: before.IDCommands - cancels - completes}
 	if after != want {
 		t.Errorf("rows after: %+v, want %+v (the shared step gone, every bystander intact)", after, want)
 	}
@@ -359,7 +359,7 @@ func TestCrashBetweenCommitAndCollectionLeavesAStepALaterCollectReclaims(t *test
 			t.Errorf("%s: a collector failure must not fail the result: %v", step.IDs[i], err)
 		}
 	}
-	if c := countRows(t, b.db.DB); c != (rowCounts{steps: 1, stepCommands: 1}) {
+	if c := countRows(t, b.db.DB); c != (rowCounts{Steps: 1, StepCommands: 1}) {
 		t.Fatalf("after the failed hand-off: %+v, want the unreferenced step and its raw command", c)
 	}
 	if len(col.steps) == 0 {

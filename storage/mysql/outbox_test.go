@@ -224,7 +224,7 @@ func TestSendDueStepsWritesOneEventPerStepWithItsRawCommands(t *testing.T) {
 		t.Errorf("sent twice: %d", n)
 	}
 	// the step is now an ordinary outstanding step: no raw commands, still there
-	if c := countRows(t, b.db.DB); c.steps != 2 || c.stepCommands != 1 {
+	if c := countRows(t, b.db.DB); c.Steps != 2 || c.StepCommands != 1 {
 		t.Errorf("after sending: %+v, want both steps and only the later one's raw command", c)
 	}
 }

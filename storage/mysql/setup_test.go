@@ -80,19 +80,9 @@ func loadNanoCMDSchema(t *testing.T, db *sql.DB) {
 	}
 }
 
-// rowCounts is what the three step tables hold.
-type rowCounts struct{ steps, idCommands, stepCommands int }
+type rowCounts = testdb.StepRows
 
-func countRows(t *testing.T, db *sql.DB) rowCounts {
-	t.Helper()
-	var c rowCounts
-	err := db.QueryRow(`SELECT (SELECT COUNT(*) FROM steps), (SELECT COUNT(*) FROM id_commands), (SELECT COUNT(*) FROM step_commands)`).
-		Scan(&c.steps, &c.idCommands, &c.stepCommands)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
-}
+func countRows(t *testing.T, db *sql.DB) rowCounts { return testdb.CountStepRows(t, db) }
 
 // fanOutStep is a step of one command per enrollment, to n enrollments.
 func fanOutStep(prefix string, n, cmds int) *nanostorage.StepEnqueuingWithConfig {
