@@ -70,7 +70,7 @@ func New(cfg Config, store Store, m *metrics.Delivery, logger zerolog.Logger) *D
 		cfg.ReofferAfter = 5 * time.Minute
 	}
 	return &Deliverer{cfg: cfg, store: store, metrics: m, logger: logger,
-		client: &http.Client{Timeout: cfg.Timeout, Transport: &http.Transport{
+		client: &http.Client{Timeout: cfg.Timeout, CheckRedirect: noRedirects, Transport: &http.Transport{
 			Proxy: http.ProxyFromEnvironment, MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second,
 			DialContext: (&net.Dialer{Timeout: 5 * time.Second}).DialContext,
 		}}}
@@ -161,8 +161,17 @@ func (d *Deliverer) post(ctx context.Context, ev *storage.OutboxEvent) (string, 
 	}
 	defer resp.Body.Close()
 	io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	if resp.StatusCode >= 300 && resp.StatusCode <= 399 {
+		return metrics.DeliveryHTTPError, fmt.Errorf("callback answered %s with Location %q: redirects are not followed (point -callback-url at the final URL)", resp.Status, resp.Header.Get("Location"))
+	}
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		return metrics.DeliveryHTTPError, fmt.Errorf("callback answered %s", resp.Status)
 	}
 	return metrics.DeliveryOK, nil
 }
+
+// noRedirects keeps the client on the callback URL. Following a redirect
+// would turn the POST into a GET (301, 302, 303) whose 2xx says nothing
+// about the event: it would be acknowledged and deleted with no receiver
+// having seen its body. A 3xx is a failed delivery instead.
+func noRedirects(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }

@@ -105,3 +105,45 @@ func TestRetryDelaysGrowAndAreBounded(t *testing.T) {
 		prev = d
 	}
 }
+
+// A 302 to a URL whose GET answers 200 is not a delivery: nobody received
+// the body. The event stays, and the failure names the Location.
+func TestARedirectIsAFailedDeliveryNotFollowed(t *testing.T) {
+	var gets, posts int
+	var mu sync.Mutex
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case r.URL.Path == "/moved" && r.Method == http.MethodGet:
+			gets++
+			w.WriteHeader(http.StatusOK)
+		case r.URL.Path == "/moved":
+			posts++
+			w.WriteHeader(http.StatusOK)
+		default:
+			http.Redirect(w, r, "/moved", http.StatusFound)
+		}
+	}))
+	defer srv.Close()
+	st := &fakeStore{}
+	m := metrics.NewDelivery(prometheus.NewRegistry(), "step.completed")
+	d := delivery.New(delivery.Config{URL: srv.URL + "/events", ReofferAfter: time.Hour}, st, m, zerolog.Nop())
+	if err := deliverTask(t)(d); err != nil {
+		t.Fatalf("last attempt: %v", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if st.acked {
+		t.Fatal("the event was acknowledged (and so deleted) after a redirect")
+	}
+	if gets+posts != 0 {
+		t.Errorf("the redirect was followed: %d GETs, %d POSTs to its Location", gets, posts)
+	}
+	if want := `callback answered 302 Found with Location "/moved"`; len(st.reason) < len(want) || st.reason[:len(want)] != want {
+		t.Errorf("failure recorded as %q, want it to start with %q", st.reason, want)
+	}
+	if got := testutil.ToFloat64(m.Deliveries.WithLabelValues("step.completed", "http_error")); got != 1 {
+		t.Errorf("http_error deliveries %v, want 1", got)
+	}
+}
