@@ -2,6 +2,7 @@ package collector
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -133,7 +134,10 @@ func (s *Sweeper) Sweep(ctx context.Context) (SweepResult, error) {
 		}
 		cr, err := s.store.Collect(ctx, steps)
 		res.Collected += cr[storage.CollectCollected]
-		if err != nil {
+		if errors.Is(err, storage.ErrClaimSkipped) {
+			// held by someone right now: the next sweep looks again
+			s.logger.Info().Err(err).Msg("sweep: steps locked elsewhere are left for the next sweep")
+		} else if err != nil {
 			return res, err
 		}
 	}

@@ -11,6 +11,7 @@ const (
 	EInvalid  = "invalid"   // the input is wrong; the message names the field
 	EConflict = "conflict"  // the input collides with a stored row; the message names it
 	ENotFound = "not_found" // the thing asked about does not exist (any more)
+	ETooLarge = "too_large" // the input is over a configured or storable limit; the message names it
 )
 
 // Error is stepcollect's domain error: a code for programs and a one-line
@@ -49,3 +50,13 @@ var ErrStepNotFound = &Error{Code: ENotFound, Message: "no such step (it may hav
 // ErrEventNotClaimable is returned (wrapped) when an outbox event is gone
 // (delivered) or another delivery holds it right now.
 var ErrEventNotClaimable = &Error{Code: ENotFound, Message: "event delivered already, or being delivered elsewhere"}
+
+// ErrCommitUnknown is returned (wrapped) when a COMMIT's answer was lost and
+// nothing in the database can show whether it went through. The caller must
+// not assume either outcome.
+var ErrCommitUnknown = errors.New("the COMMIT's answer was lost and nothing in the database shows whether it went through")
+
+// ErrClaimSkipped is returned (wrapped) by a collection whose FOR UPDATE
+// SKIP LOCKED claim kept skipping a step: someone holds a lock on it, which
+// does not mean they will delete it. The step is not collected; try again.
+var ErrClaimSkipped = errors.New("collection claim skipped: the step is locked by another transaction")

@@ -45,8 +45,10 @@ const (
 	CollectCollected CollectOutcome = "collected"
 	// CollectReferenced: still has id_commands rows; not ours to delete yet.
 	CollectReferenced CollectOutcome = "referenced"
-	// CollectClaimedElsewhere: another collector (or the timeout sweep) holds
-	// the row right now and will delete it; we skip rather than wait.
+	// CollectClaimedElsewhere: the SKIP LOCKED claim kept skipping the row
+	// (someone holds a lock on it, which does not mean they will delete
+	// it) after re-checking it for a while; the step is still there and
+	// the caller is told so (ErrClaimSkipped), to try again later.
 	CollectClaimedElsewhere CollectOutcome = "claimed_elsewhere"
 	// CollectGone: already deleted by someone else.
 	CollectGone CollectOutcome = "gone"

@@ -206,11 +206,24 @@ func DeliverRetryDelay(n int) time.Duration {
 	return min(time.Duration(1<<min(n+1, 16))*time.Second, 2*time.Minute)
 }
 
-// RetryDelay is the worker's asynq RetryDelayFunc: deliveries back off as
-// DeliverRetryDelay says, everything else as asynq does by default.
+// CollectRetryDelay is how long asynq waits before retry n+1 of a collect
+// task: 1, 2, 4 … seconds, at most 30. A collect task fails mostly because
+// a claim kept being skipped (a lock held for milliseconds) or MySQL
+// blinked: both are worth trying again soon, not on asynq's default
+// schedule of minutes.
+func CollectRetryDelay(n int) time.Duration {
+	return min(time.Second<<min(n, 16), 30*time.Second)
+}
+
+// RetryDelay is the worker's asynq RetryDelayFunc: deliveries and collect
+// tasks back off as DeliverRetryDelay and CollectRetryDelay say, everything
+// else as asynq does by default.
 func RetryDelay(n int, err error, t *asynq.Task) time.Duration {
-	if t.Type() == TypeDeliver {
+	switch t.Type() {
+	case TypeDeliver:
 		return DeliverRetryDelay(n)
+	case TypeCollect:
+		return CollectRetryDelay(n)
 	}
 	return asynq.DefaultRetryDelayFunc(n, err, t)
 }

@@ -3,7 +3,9 @@ package mysql
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
+	"math/rand/v2"
 	"time"
 
 	"github.com/stepcollect/stepcollect/logkeys"
@@ -53,7 +55,7 @@ func (s *Storage) afterRelease(ctx context.Context, stepIDs []int64) {
 		}
 		return
 	}
-	observed, err = s.claimAndDelete(ctx, unref, res)
+	observed, err = s.claimUntilGone(ctx, unref, res)
 	if err != nil {
 		s.logger.Warn().Err(err).Ints64(logkeys.StepIDs, ids(unref)).Msg("collecting steps; the sweeper will find them")
 	}
@@ -61,14 +63,19 @@ func (s *Storage) afterRelease(ctx context.Context, stepIDs []int64) {
 
 // Collect deletes those of steps that nothing refers to any more, together
 // with their raw commands: a non-locking check, then a SKIP LOCKED claim and
-// deletes by key, batched. A step that is still referenced, claimed by
-// someone else or already gone is left alone and counted as such; none of
-// those is an error. It is what the asynq collector and the sweeper call.
+// deletes by key, batched. A step that is still referenced or already gone
+// is left alone and counted as such. A step the claim skipped is held by
+// someone, who may or may not delete it: it is checked and claimed again
+// until a read shows it gone, and if it is still held after that, Collect
+// returns an error wrapping storage.ErrClaimSkipped naming it, so that the
+// caller tries again later. It is what the asynq collector and the sweeper
+// call.
 func (s *Storage) Collect(ctx context.Context, steps []storage.UnreferencedStep) (storage.CollectResult, error) {
 	res := storage.CollectResult{}
 	var observed []time.Time
 	defer func() { s.observer.StepsCollected(res, observed) }()
 
+	var skipped []error // the other batches still get their turn
 	err := chunks(steps, maxInList, func(batch []storage.UnreferencedStep) error {
 		unrefIDs, err := s.checkSteps(ctx, ids(batch), res)
 		if err != nil {
@@ -86,11 +93,15 @@ func (s *Storage) Collect(ctx context.Context, steps []storage.UnreferencedStep)
 				delete(keep, st.ID) // a repeated id is collected once
 			}
 		}
-		obs, err := s.claimAndDelete(ctx, unref, res)
+		obs, err := s.claimUntilGone(ctx, unref, res)
 		observed = append(observed, obs...)
+		if errors.Is(err, storage.ErrClaimSkipped) {
+			skipped = append(skipped, err)
+			return nil
+		}
 		return err
 	})
-	if err != nil {
+	if err = errors.Join(append(skipped, err)...); err != nil {
 		return res, fmt.Errorf("collecting %d steps: %w", len(steps), err)
 	}
 	return res, nil
@@ -133,13 +144,72 @@ func (s *Storage) checkSteps(ctx context.Context, stepIDs []int64, res storage.C
 	return unref, nil
 }
 
+// How often, and how patiently, a claim that SKIP LOCKED passed over is
+// tried again before the step is handed back to the caller: the locks that
+// get in the way (another collector's claim, the scheduler's claims, a
+// foreign-key check) last milliseconds.
+const (
+	claimRetries     = 6
+	claimRetryBase   = 10 * time.Millisecond
+	claimRetryFactor = 2
+)
+
+// claimUntilGone claims and deletes unref. A step the claim skipped is
+// read again (without a lock) after a short pause: gone means whoever held
+// it collected it; still there means the claim is tried again. What is
+// still held after claimRetries is counted claimed_elsewhere and returned
+// as an error wrapping storage.ErrClaimSkipped: it is not collected, and
+// nobody may assume it will be.
+func (s *Storage) claimUntilGone(ctx context.Context, unref []storage.UnreferencedStep, res storage.CollectResult) ([]time.Time, error) {
+	var observed []time.Time
+	pause := claimRetryBase
+	for try := 0; ; try++ {
+		obs, skipped, err := s.claimAndDelete(ctx, unref, res)
+		observed = append(observed, obs...)
+		if err != nil || len(skipped) == 0 {
+			return observed, err
+		}
+		if try == claimRetries {
+			res[storage.CollectClaimedElsewhere] += len(skipped)
+			return observed, fmt.Errorf("steps %v: %w", ids(skipped), storage.ErrClaimSkipped)
+		}
+		if err := sleepCtx(ctx, pause/2+rand.N(pause)); err != nil {
+			res[storage.CollectError] += len(skipped)
+			return observed, err
+		}
+		pause *= claimRetryFactor
+		// A read that shows a step gone settles it; one that shows it
+		// still there (unreferenced: that is terminal) sends it back to
+		// the claim.
+		still, err := s.checkSteps(ctx, ids(skipped), res)
+		if err != nil {
+			res[storage.CollectError] += len(skipped)
+			return observed, err
+		}
+		keep := make(map[int64]bool, len(still))
+		for _, id := range still {
+			keep[id] = true
+		}
+		unref = unref[:0:0]
+		for _, st := range skipped {
+			if keep[st.ID] {
+				unref = append(unref, st)
+			}
+		}
+		if len(unref) == 0 {
+			return observed, nil
+		}
+	}
+}
+
 // claimAndDelete is collection's phase two: one short transaction that
 // claims the steps nobody else holds and deletes them, raw commands first.
-// It counts the outcomes into res and returns, for each step it deleted,
-// when that step was first observed unreferenced.
-func (s *Storage) claimAndDelete(ctx context.Context, unref []storage.UnreferencedStep, res storage.CollectResult) ([]time.Time, error) {
+// It counts the collected ones into res and returns, for each step it
+// deleted, when that step was first observed unreferenced, and the steps
+// the claim skipped.
+func (s *Storage) claimAndDelete(ctx context.Context, unref []storage.UnreferencedStep, res storage.CollectResult) ([]time.Time, []storage.UnreferencedStep, error) {
 	if len(unref) == 0 {
-		return nil, nil
+		return nil, nil, nil
 	}
 	stepIDs := ids(unref)
 	var claimed []int64
@@ -159,21 +229,23 @@ func (s *Storage) claimAndDelete(ctx context.Context, unref []storage.Unreferenc
 	})
 	if err != nil {
 		res[storage.CollectError] += len(unref)
-		return nil, fmt.Errorf("claiming and deleting steps %v: %w", stepIDs, err)
+		return nil, nil, fmt.Errorf("claiming and deleting steps %v: %w", stepIDs, err)
 	}
 	isClaimed := make(map[int64]bool, len(claimed))
 	for _, id := range claimed {
 		isClaimed[id] = true
 	}
 	var observed []time.Time
+	var skipped []storage.UnreferencedStep
 	for _, st := range unref {
 		if isClaimed[st.ID] {
 			observed = append(observed, st.ObservedAt)
+		} else {
+			skipped = append(skipped, st)
 		}
 	}
 	res[storage.CollectCollected] += len(claimed)
-	res[storage.CollectClaimedElsewhere] += len(unref) - len(claimed)
-	return observed, nil
+	return observed, skipped, nil
 }
 
 func ids(steps []storage.UnreferencedStep) []int64 {

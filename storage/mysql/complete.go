@@ -41,31 +41,43 @@ func (s *Storage) StoreCommandResponseAndRetrieveCompletedStep(ctx context.Conte
 		return nil, storage.Errorf(storage.EInvalid, "command result: missing")
 	case sc.CommandUUID == "":
 		return nil, storage.Errorf(storage.EInvalid, "command_uuid: empty (enrollment %s)", id)
+	case len(sc.ResultReport) > maxMediumText:
+		return nil, storage.Errorf(storage.ETooLarge, "result: %d bytes, more than the %d the result column holds (enrollment %s, command %s)", len(sc.ResultReport), maxMediumText, id, sc.CommandUUID)
 	}
 	if !sc.Completed {
 		return nil, s.storeNotNow(ctx, id, sc.CommandUUID)
 	}
 
 	var (
-		ret         *nanostorage.StepResult
-		prev        *nanostorage.StepResult // what a try whose COMMIT answer was lost computed
-		prevWritten []storage.OutboxRef     // and the events it wrote
-		stepID      int64
-		written     []storage.OutboxRef
+		ret     *nanostorage.StepResult
+		stepID  int64
+		written []storage.OutboxRef
+		// What the last try that completed the step computed, kept only
+		// as the question to settle if its COMMIT answer is lost.
+		prev        *nanostorage.StepResult
+		prevWritten []storage.OutboxRef
+		prevStepID  int64
 	)
 	start := time.Now()
 	err := s.inTx(ctx, storage.OpStoreResult, func(ctx context.Context, tx *sql.Tx, a *attempt) error {
-		ret, written = nil, nil
+		ret, written, stepID = nil, nil, 0
 		rows, err := lockEnrollmentStepRows(ctx, tx, id, sc.CommandUUID)
 		if err != nil {
 			return err
 		}
 		if len(rows) == 0 {
 			if a.ambiguousCommit && prev != nil {
-				// Our rows are gone and an earlier try committed, or may
-				// have, the deletion of exactly these rows: it did.
-				ret, written = prev, prevWritten
-				return nil
+				// Our rows are gone. The try whose answer was lost deleted
+				// them, or a cancel or a timeout did: only the outbox
+				// event that try wrote tells which.
+				committed, err := s.completionCommitted(ctx, tx, prevStepID, id)
+				if err != nil {
+					return err
+				}
+				if committed {
+					ret, written, stepID = prev, prevWritten, prevStepID
+					return nil
+				}
 			}
 			return storage.ErrUnknownCommand
 		}
@@ -132,15 +144,15 @@ func (s *Storage) StoreCommandResponseAndRetrieveCompletedStep(ctx context.Conte
 			}
 			written = []storage.OutboxRef{ref}
 		}
-		prev, prevWritten = ret, written
+		prev, prevWritten, prevStepID = ret, written, stepID
 		return nil
 	})
 	s.observer.ResultCommitted(time.Since(start), ret != nil, err)
 	if err != nil {
-		if errors.Is(err, storage.ErrUnknownCommand) {
-			return nil, fmt.Errorf("storing result (enrollment %s, command %s): %w", id, sc.CommandUUID, err)
+		if errors.Is(err, storage.ErrUnknownCommand) || stepID == 0 {
+			return nil, fmt.Errorf("storing result (enrollment %s, command %s): %w", id, sc.CommandUUID, dataError(err))
 		}
-		return nil, fmt.Errorf("storing result (enrollment %s, command %s, step %d): %w", id, sc.CommandUUID, stepID, err)
+		return nil, fmt.Errorf("storing result (enrollment %s, command %s, step %d): %w", id, sc.CommandUUID, stepID, dataError(err))
 	}
 	if ret == nil {
 		return nil, nil
@@ -148,6 +160,26 @@ func (s *Storage) StoreCommandResponseAndRetrieveCompletedStep(ctx context.Conte
 	s.eventsWritten(ctx, written)
 	s.afterRelease(ctx, []int64{stepID})
 	return ret, nil
+}
+
+// completionCommitted settles a completion whose COMMIT answer was lost:
+// its step.completed event has a deterministic id and is written in the
+// same transaction, so its presence is the proof. Without the outbox
+// nothing can prove it either way, and the caller gets an error rather than
+// a guess.
+func (s *Storage) completionCommitted(ctx context.Context, tx *sql.Tx, stepID int64, id string) (bool, error) {
+	if !s.outbox {
+		return false, fmt.Errorf("step %d: %w", stepID, storage.ErrCommitUnknown)
+	}
+	eventID := events.ID(events.StepCompleted, stepID, id)
+	var one int
+	err := tx.QueryRowContext(ctx, qEventExists, eventID).Scan(&one)
+	if errors.Is(err, sql.ErrNoRows) {
+		return false, nil
+	} else if err != nil {
+		return false, fmt.Errorf("looking for event %s after a lost COMMIT answer: %w", eventID, err)
+	}
+	return true, nil
 }
 
 func lockEnrollmentStepRows(ctx context.Context, tx *sql.Tx, id, commandUUID string) ([]idCommandRow, error) {

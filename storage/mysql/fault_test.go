@@ -29,6 +29,25 @@ type faultConnector struct {
 	loseCommits int    // how many successful COMMITs to report as lost
 	killed      int
 	lost        int
+
+	// failBefore makes the next statement containing it fail with failErr
+	// instead of running (an injected deadlock, say), once.
+	failBefore string
+	failErr    error
+	failed     int
+	// dropCommits rolls back instead of committing and reports the answer
+	// lost (ErrInvalidConn): a COMMIT that never reached the server.
+	dropCommits int
+	// refuseCommits rolls back and answers with the server error refuseErr
+	// (1927, 1053, 1317): a COMMIT the server answered "no" to.
+	refuseCommits int
+	refuseErr     error
+	// betweenTries runs after a faulty COMMIT, before its error reaches
+	// the storage (and so before the retry): what another client does in
+	// that window.
+	betweenTries func()
+	dropped      int
+	refused      int
 }
 
 func newFaultDB(t *testing.T, db *testdb.DB) (*sql.DB, *faultConnector) {
@@ -108,12 +127,29 @@ func (f *faultConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.
 	return &faultTx{Tx: tx, c: f.c}, nil
 }
 
+func (c *faultConnector) takeFailure(query string) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.failBefore != "" && strings.Contains(query, c.failBefore) {
+		c.failBefore = ""
+		c.failed++
+		return c.failErr
+	}
+	return nil
+}
+
 func (f *faultConn) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
+	if err := f.c.takeFailure(query); err != nil {
+		return nil, err
+	}
 	f.c.maybeKill(ctx, f.id, query)
 	return f.Conn.(driver.ExecerContext).ExecContext(ctx, query, args)
 }
 
 func (f *faultConn) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
+	if err := f.c.takeFailure(query); err != nil {
+		return nil, err
+	}
 	f.c.maybeKill(ctx, f.id, query)
 	return f.Conn.(driver.QueryerContext).QueryContext(ctx, query, args)
 }
@@ -140,16 +176,42 @@ type faultTx struct {
 }
 
 func (t *faultTx) Commit() error {
+	t.c.mu.Lock()
+	var fault error
+	switch {
+	case t.c.dropCommits > 0:
+		t.c.dropCommits--
+		t.c.dropped++
+		fault = mysql.ErrInvalidConn // never reached the server
+	case t.c.refuseCommits > 0:
+		t.c.refuseCommits--
+		t.c.refused++
+		fault = t.c.refuseErr // the server said no
+	}
+	between := t.c.betweenTries
+	t.c.mu.Unlock()
+	if fault != nil {
+		if err := t.Tx.Rollback(); err != nil {
+			return err
+		}
+		if between != nil {
+			between()
+		}
+		return fault
+	}
 	if err := t.Tx.Commit(); err != nil {
 		return err
 	}
 	if t.c.takeLostCommit() {
+		if between != nil {
+			between()
+		}
 		return mysql.ErrInvalidConn // committed, but the client never heard
 	}
 	return nil
 }
 
-func setupFaulty(t *testing.T) (*bundle, *faultConnector) {
+func setupFaulty(t *testing.T, extra ...stepmysql.Option) (*bundle, *faultConnector) {
 	t.Helper()
 	db := testdb.New(t, nil)
 	if err := stepmysql.Migrate(t.Context(), db.DB); err != nil {
@@ -157,7 +219,7 @@ func setupFaulty(t *testing.T) (*bundle, *faultConnector) {
 	}
 	fdb, fc := newFaultDB(t, db)
 	faulty := &testdb.DB{DB: fdb, Name: db.Name, DSN: db.DSN}
-	return setup(t, &setupOpts{db: faulty, noMigrate: true}), fc
+	return setup(t, &setupOpts{db: faulty, noMigrate: true, extra: extra}), fc
 }
 
 func TestConnectionKilledMidTransactionIsRetriedAndTheResultCommitted(t *testing.T) {
@@ -189,10 +251,11 @@ func TestConnectionKilledMidTransactionIsRetriedAndTheResultCommitted(t *testing
 }
 
 // A COMMIT that went through but whose answer was lost is retried; the retry
-// finds the rows gone and must return the completed step it had built, not
-// "unknown command": the result is committed and the caller must get it.
+// finds the rows gone, finds the step.completed event that COMMIT wrote, and
+// so returns the completed step it had built, not "unknown command": the
+// result is committed and the caller must get it.
 func TestLostCommitAnswerOnTheCompletingResultStillReturnsTheStep(t *testing.T) {
-	b, fc := setupFaulty(t)
+	b, fc := setupFaulty(t, stepmysql.WithOutbox())
 	ctx := t.Context()
 	step := fanOutStep("lostcommit", 1, 2)
 	if err := b.store.StoreStep(ctx, step, time.Now()); err != nil {

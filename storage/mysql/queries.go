@@ -156,7 +156,7 @@ ORDER BY timeout, id LIMIT ? FOR UPDATE SKIP LOCKED`
 	// Non-locking: whose rows those steps still have. The locking read that
 	// follows goes through PRIMARY, in the order completion locks.
 	qGetStepEnrollmentIDs = `
-SELECT DISTINCT enrollment_id FROM id_commands WHERE step_id = ? ORDER BY enrollment_id`
+SELECT DISTINCT enrollment_id FROM id_commands WHERE step_id = ? ORDER BY enrollment_id LIMIT ?`
 
 	qLockTimedOutRows = `
 SELECT enrollment_id, command_uuid, request_type, completed, result
@@ -182,6 +182,17 @@ UPDATE id_commands SET last_push = ? WHERE (enrollment_id, command_uuid) IN ((?,
 	qInsertOutbox = `
 INSERT INTO stepcollect_outbox (event_id, event_type, step_id, enrollment_id, payload)
 VALUES (?, ?, ?, ?, ?)`
+
+	// After a COMMIT whose answer was lost: did it write this event? The
+	// event id is derived from the state change, so only that COMMIT can
+	// have written it.
+	qEventExists = `SELECT 1 FROM stepcollect_outbox WHERE event_id = ?`
+
+	// After a COMMIT whose answer was lost: is the step that try inserted
+	// there? Nobody can have completed and collected it yet: the engine
+	// sends its commands only once StoreStep returns.
+	qStepOwnedBy = `
+SELECT workflow_name, instance_id FROM steps WHERE id = ?`
 
 	// Delivery: claim one event by key for a lease. Nobody else delivers it
 	// until the lease runs out.

@@ -46,8 +46,23 @@ func (s *Storage) StoreStepID(ctx context.Context, step *nanostorage.StepEnqueui
 		// sent now by the caller; NotUntil steps get theirs when sent.
 		lastPush = nullTime(pushTime)
 	}
-	var stepID int64
-	err := s.inTx(ctx, storage.OpStoreStep, func(ctx context.Context, tx *sql.Tx, _ *attempt) error {
+	var stepID, prevStepID int64
+	err := s.inTx(ctx, storage.OpStoreStep, func(ctx context.Context, tx *sql.Tx, a *attempt) error {
+		stepID = 0
+		if a.ambiguousCommit && prevStepID != 0 {
+			// The last try's COMMIT answer was lost. Its step row is the
+			// evidence: present, that try committed (and retrying would
+			// meet its own rows as a conflict); absent, it did not.
+			var wf, inst string
+			err := tx.QueryRowContext(ctx, qStepOwnedBy, prevStepID).Scan(&wf, &inst)
+			switch {
+			case err == nil && wf == step.WorkflowName && inst == step.InstanceID:
+				stepID = prevStepID
+				return nil
+			case err != nil && !errors.Is(err, sql.ErrNoRows):
+				return fmt.Errorf("looking for step %d after a lost COMMIT answer: %w", prevStepID, err)
+			}
+		}
 		res, err := tx.ExecContext(ctx, qCreateStep, step.WorkflowName, step.InstanceID,
 			nullString(step.Name), step.Context, nullTime(step.NotUntil), nullTime(step.Timeout))
 		if err != nil {
@@ -56,6 +71,7 @@ func (s *Storage) StoreStepID(ctx context.Context, step *nanostorage.StepEnqueui
 		if stepID, err = res.LastInsertId(); err != nil {
 			return fmt.Errorf("inserting step: %w", err)
 		}
+		prevStepID = stepID
 		if !step.NotUntil.IsZero() {
 			vals := make([]any, 0, 4*len(step.Commands))
 			for _, c := range step.Commands {
@@ -66,33 +82,38 @@ func (s *Storage) StoreStepID(ctx context.Context, step *nanostorage.StepEnqueui
 				return fmt.Errorf("inserting raw commands of step %d: %w", stepID, err)
 			}
 		}
-		type row struct {
-			id  string
-			cmd nanostorage.StepCommandRaw
-		}
-		all := make([]row, 0, len(step.IDs)*len(step.Commands))
-		for _, id := range step.IDs {
-			for _, c := range step.Commands {
-				all = append(all, row{id, c})
+		// Rows are built one INSERT at a time, never ids x commands at
+		// once: memory stays at one statement's worth however large the
+		// step.
+		vals := make([]any, 0, 5*min(idCommandRowsPerInsert, len(step.IDs)*len(step.Commands)))
+		flush := func() error {
+			if len(vals) == 0 {
+				return nil
 			}
-		}
-		return chunks(all, idCommandRowsPerInsert, func(rows []row) error {
-			vals := make([]any, 0, 5*len(rows))
-			for _, r := range rows {
-				vals = append(vals, r.id, r.cmd.CommandUUID, stepID, r.cmd.RequestType, lastPush)
-			}
-			q := qCreateIDCommands + rowsOf(qCreateIDCommandsRow, len(rows))
+			q := qCreateIDCommands + rowsOf(qCreateIDCommandsRow, len(vals)/5)
 			if _, err := tx.ExecContext(ctx, q, vals...); err != nil {
 				return fmt.Errorf("inserting enrollment commands of step %d: %w", stepID, err)
 			}
+			vals = vals[:0]
 			return nil
-		})
+		}
+		for _, id := range step.IDs {
+			for _, c := range step.Commands {
+				vals = append(vals, id, c.CommandUUID, stepID, c.RequestType, lastPush)
+				if len(vals) == 5*idCommandRowsPerInsert {
+					if err := flush(); err != nil {
+						return err
+					}
+				}
+			}
+		}
+		return flush()
 	})
 	if mysqlErrNo(err) == errDupEntry {
 		return 0, s.conflict(ctx, step, err)
 	}
 	if err != nil {
-		return 0, fmt.Errorf("storing step (workflow %s, instance %s, %d ids): %w", step.WorkflowName, step.InstanceID, len(step.IDs), err)
+		return 0, fmt.Errorf("storing step (workflow %s, instance %s, %d ids): %w", step.WorkflowName, step.InstanceID, len(step.IDs), dataError(err))
 	}
 	return stepID, nil
 }
@@ -143,6 +164,10 @@ func validateStep(step *nanostorage.StepEnqueuingWithConfig) error {
 		return inv("step_name: longer than %d bytes", maxNameLen)
 	case len(step.Context) > maxMediumText:
 		return inv("context: larger than %d bytes", maxMediumText)
+	case !storableTime(step.NotUntil):
+		return inv("not_until: %s is outside what MySQL can store (%s to %s)", step.NotUntil.UTC().Format(time.RFC3339), minStorableTime.Format(time.RFC3339), maxStorableTime.Format(time.RFC3339))
+	case !storableTime(step.Timeout):
+		return inv("timeout: %s is outside what MySQL can store (%s to %s)", step.Timeout.UTC().Format(time.RFC3339), minStorableTime.Format(time.RFC3339), maxStorableTime.Format(time.RFC3339))
 	case len(step.IDs) == 0:
 		return inv("ids: empty")
 	case len(step.Commands) == 0:
@@ -181,6 +206,18 @@ func validateStep(step *nanostorage.StepEnqueuingWithConfig) error {
 		seenUUID[c.CommandUUID] = i
 	}
 	return nil
+}
+
+// The TIMESTAMP columns' range (not_until, timeout), on MySQL 8 and on
+// MariaDB before 11.5. A time outside it is the caller's mistake, named as
+// such, not a storage failure to retry.
+var (
+	minStorableTime = time.Date(1970, 1, 1, 0, 0, 1, 0, time.UTC)
+	maxStorableTime = time.Date(2038, 1, 19, 3, 14, 7, 0, time.UTC)
+)
+
+func storableTime(t time.Time) bool {
+	return t.IsZero() || (!t.Before(minStorableTime) && !t.After(maxStorableTime))
 }
 
 // rowsOf repeats one VALUES row n times, comma-separated.

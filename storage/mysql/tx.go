@@ -13,6 +13,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 
 	"github.com/stepcollect/stepcollect/logkeys"
+	"github.com/stepcollect/stepcollect/storage"
 )
 
 // MySQL/MariaDB error numbers the storage acts on.
@@ -26,8 +27,13 @@ const (
 )
 
 // attempt tells a transaction body which try it is. ambiguousCommit is set
-// when an earlier try's COMMIT was sent but its answer was lost: the body
-// must then treat "my rows are already gone" as "that COMMIT went through".
+// when an earlier try's COMMIT was sent and no answer came back: that try
+// may have committed. A body must then settle the question by evidence in
+// the database (a row only that try could have written), never by
+// inference from rows being gone: a cancel or a timeout deletes them too.
+//
+// Every body starts from empty state: what a rolled-back try computed is
+// not carried into the next one, except as the question to check.
 type attempt struct {
 	n               int
 	ambiguousCommit bool
@@ -74,7 +80,11 @@ func (s *Storage) tryTx(ctx context.Context, fn txBody, a *attempt) error {
 		return err
 	}
 	if err = tx.Commit(); err != nil {
-		if retryReason(err) == "connection" {
+		// A server error reply to COMMIT (1053 shutdown, 1927 and 1317
+		// killed) means the server answered: the transaction was rolled
+		// back. Only a COMMIT with no answer at all (the connection broke)
+		// may have gone through.
+		if retryReason(err) == "connection" && mysqlErrNo(err) == 0 {
 			a.ambiguousCommit = true
 		}
 		return fmt.Errorf("commit: %w", err)
@@ -101,6 +111,36 @@ func retryReason(err error) string {
 		return "connection"
 	}
 	return ""
+}
+
+// Server errors that say a value was refused: the input is at fault, and
+// no retry (and no "storage unavailable") will change that.
+var dataErrors = map[uint16]bool{
+	1048: true, // column cannot be null
+	1264: true, // out of range value
+	1265: true, // data truncated
+	1292: true, // incorrect datetime (or other) value
+	1366: true, // incorrect string value
+	1367: true, // illegal value
+	1406: true, // data too long for column
+	1690: true, // value out of range
+}
+
+const errPacketTooLarge = 1153
+
+// dataError turns a refused value into the domain error the caller maps to
+// a 4xx, keeping the server's one-line reason; other errors pass through.
+func dataError(err error) error {
+	var me *mysql.MySQLError
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, mysql.ErrPktTooLarge), errors.As(err, &me) && me.Number == errPacketTooLarge:
+		return storage.Errorf(storage.ETooLarge, "the statement is larger than the server's max_allowed_packet: %v", err)
+	case errors.As(err, &me) && dataErrors[me.Number]:
+		return storage.Errorf(storage.EInvalid, "value refused by the database: %s", me.Message)
+	}
+	return err
 }
 
 // backoff is full jitter over an exponential ceiling: spreading retries is

@@ -29,12 +29,9 @@ func (s *Storage) RetrieveStepsToEnqueue(ctx context.Context, pushTime time.Time
 	if pushTime.IsZero() {
 		return nil, fmt.Errorf("retrieving due steps: empty push time")
 	}
-	var out []*nanostorage.StepEnqueueing
-	err := s.dueSteps(ctx, pushTime, func(_ context.Context, _ *sql.Tx, _ int64, se *nanostorage.StepEnqueueing) error {
-		out = append(out, se)
-		return nil
+	return dueSteps(ctx, s, pushTime, func(_ context.Context, _ *sql.Tx, _ int64, se *nanostorage.StepEnqueueing) (*nanostorage.StepEnqueueing, error) {
+		return se, nil
 	})
-	return out, err
 }
 
 // SendDueSteps writes a step.due event to the outbox for every step whose
@@ -42,25 +39,29 @@ func (s *Storage) RetrieveStepsToEnqueue(ctx context.Context, pushTime time.Time
 // returns how many. The service's replacement for RetrieveStepsToEnqueue:
 // the workflow engine learns of due steps through the outbox.
 func (s *Storage) SendDueSteps(ctx context.Context, now time.Time) (int, error) {
-	var refs []storage.OutboxRef
-	err := s.dueSteps(ctx, now, func(ctx context.Context, tx *sql.Tx, stepID int64, se *nanostorage.StepEnqueueing) error {
-		ref, err := insertEvent(ctx, tx, events.Due(stepID, se, now), "")
-		refs = append(refs, ref)
-		return err
+	refs, err := dueSteps(ctx, s, now, func(ctx context.Context, tx *sql.Tx, stepID int64, se *nanostorage.StepEnqueueing) (storage.OutboxRef, error) {
+		return insertEvent(ctx, tx, events.Due(stepID, se, now), "")
 	})
-	s.eventsWritten(ctx, refs)
+	s.eventsWritten(ctx, refs) // those of the batches that committed
 	return len(refs), err
 }
 
 // dueStepFn receives, inside the transaction that marks it sent, each due
-// step that still has enrollments to send to.
-type dueStepFn func(ctx context.Context, tx *sql.Tx, stepID int64, se *nanostorage.StepEnqueueing) error
+// step that still has enrollments to send to, and returns what the caller
+// collects of it.
+type dueStepFn[T any] func(ctx context.Context, tx *sql.Tx, stepID int64, se *nanostorage.StepEnqueueing) (T, error)
 
-// dueSteps claims due steps in batches and hands each to emit.
-func (s *Storage) dueSteps(ctx context.Context, pushTime time.Time, emit dueStepFn) error {
+// dueSteps claims due steps in batches and hands each to emit. It returns
+// what emit returned for the batches that committed: a batch whose
+// transaction is retried starts again from nothing, so a rolled-back try
+// never shows up twice (or at all).
+func dueSteps[T any](ctx context.Context, s *Storage, pushTime time.Time, emit dueStepFn[T]) ([]T, error) {
+	var out []T
 	for {
 		claimed := 0
+		var batch []T
 		err := s.inTx(ctx, storage.OpDueSteps, func(ctx context.Context, tx *sql.Tx, _ *attempt) error {
+			claimed, batch = 0, nil
 			type dueRow struct {
 				id int64
 				se *nanostorage.StepEnqueueing
@@ -119,17 +120,20 @@ func (s *Storage) dueSteps(ctx context.Context, pushTime time.Time, emit dueStep
 				if len(r.se.IDs) == 0 {
 					continue
 				}
-				if err := emit(ctx, tx, r.id, r.se); err != nil {
+				v, err := emit(ctx, tx, r.id, r.se)
+				if err != nil {
 					return err
 				}
+				batch = append(batch, v)
 			}
 			return nil
 		})
 		if err != nil {
-			return fmt.Errorf("retrieving due steps: %w", err)
+			return out, fmt.Errorf("retrieving due steps: %w", err)
 		}
+		out = append(out, batch...)
 		if claimed < dueStepsPerBatch {
-			return nil
+			return out, nil
 		}
 	}
 }
@@ -141,12 +145,9 @@ func (s *Storage) dueSteps(ctx context.Context, pushTime time.Time, emit dueStep
 // completes first (and is not reported as timed out) or finds its command
 // gone.
 func (s *Storage) RetrieveTimedOutSteps(ctx context.Context) ([]*nanostorage.StepResult, error) {
-	var out []*nanostorage.StepResult
-	err := s.timedOutSteps(ctx, time.Now(), func(_ context.Context, _ *sql.Tx, _ int64, r *nanostorage.StepResult) error {
-		out = append(out, r)
-		return nil
+	return timedOutSteps(ctx, s, time.Now(), func(_ context.Context, _ *sql.Tx, _ int64, r *nanostorage.StepResult) (*nanostorage.StepResult, error) {
+		return r, nil
 	})
-	return out, err
 }
 
 // TimeOutSteps writes a step.timed_out event to the outbox for every
@@ -154,26 +155,38 @@ func (s *Storage) RetrieveTimedOutSteps(ctx context.Context) ([]*nanostorage.Ste
 // deletes it, and returns how many. The service's replacement for
 // RetrieveTimedOutSteps.
 func (s *Storage) TimeOutSteps(ctx context.Context, now time.Time) (int, error) {
-	var refs []storage.OutboxRef
-	err := s.timedOutSteps(ctx, now, func(ctx context.Context, tx *sql.Tx, stepID int64, r *nanostorage.StepResult) error {
-		ref, err := insertEvent(ctx, tx, events.FromStepResult(events.StepTimedOut, stepID, r, now), r.IDs[0])
-		refs = append(refs, ref)
-		return err
+	refs, err := timedOutSteps(ctx, s, now, func(ctx context.Context, tx *sql.Tx, stepID int64, r *nanostorage.StepResult) (storage.OutboxRef, error) {
+		return insertEvent(ctx, tx, events.FromStepResult(events.StepTimedOut, stepID, r, now), r.IDs[0])
 	})
-	s.eventsWritten(ctx, refs)
+	s.eventsWritten(ctx, refs) // those of the batches that committed
 	return len(refs), err
 }
 
 // timedOutFn receives, inside the transaction that deletes it, each
-// enrollment's part of a timed-out step.
-type timedOutFn func(ctx context.Context, tx *sql.Tx, stepID int64, r *nanostorage.StepResult) error
+// enrollment's part of a timed-out step, and returns what the caller
+// collects of it.
+type timedOutFn[T any] func(ctx context.Context, tx *sql.Tx, stepID int64, r *nanostorage.StepResult) (T, error)
+
+// One timeout transaction handles at most this many enrollments, and stops
+// early once the results it holds pass this many bytes: a step fanned out
+// to 100,000 enrollments times out over many short transactions, each
+// bounded in locks, in memory and in binlog, instead of one huge one.
+const (
+	timedOutIDsPerTx   = 1000
+	timedOutIDsPerRead = 100
+	timedOutBytesPerTx = 64 << 20
+)
 
 // timedOutSteps claims timed-out steps in batches and hands each
-// enrollment's result to emit.
-func (s *Storage) timedOutSteps(ctx context.Context, now time.Time, emit timedOutFn) error {
+// enrollment's result to emit. Like dueSteps, it returns what emit returned
+// for the transactions that committed, and nothing of a rolled-back try.
+func timedOutSteps[T any](ctx context.Context, s *Storage, now time.Time, emit timedOutFn[T]) ([]T, error) {
+	var out []T
 	for {
-		claimed := 0
+		more := false
+		var batch []T
 		err := s.inTx(ctx, storage.OpTimeOutSteps, func(ctx context.Context, tx *sql.Tx, _ *attempt) error {
+			more, batch = false, nil
 			type stepRow struct {
 				id  int64
 				ctx nanostorage.StepContext
@@ -188,49 +201,74 @@ func (s *Storage) timedOutSteps(ctx context.Context, now time.Time, emit timedOu
 			if err != nil {
 				return fmt.Errorf("claiming timed-out steps: %w", err)
 			}
-			claimed = len(steps)
-			if claimed == 0 {
-				return nil
-			}
-			stepIDs := make([]int64, len(steps))
-			for i, st := range steps {
-				stepIDs[i] = st.id
-				results, err := s.timeOutStep(ctx, tx, st.id, st.ctx)
+			more = len(steps) == timedOutStepsPerBatch
+			budget := timeOutBudget{ids: timedOutIDsPerTx, bytes: timedOutBytesPerTx}
+			var finished []int64
+			for _, st := range steps {
+				results, done, err := s.timeOutStep(ctx, tx, st.id, st.ctx, &budget)
 				if err != nil {
 					return err
 				}
 				for _, r := range results {
-					if err := emit(ctx, tx, st.id, r); err != nil {
+					v, err := emit(ctx, tx, st.id, r)
+					if err != nil {
 						return err
 					}
+					batch = append(batch, v)
 				}
+				if !done {
+					more = true // the rest of this step in the next transaction
+					break
+				}
+				finished = append(finished, st.id)
 			}
-			if _, err := tx.ExecContext(ctx, expand(qDeleteStepCommands, len(stepIDs)), args(stepIDs)...); err != nil {
-				return fmt.Errorf("deleting raw commands of timed-out steps %v: %w", stepIDs, err)
+			if len(finished) == 0 {
+				return nil
 			}
-			if _, err := tx.ExecContext(ctx, expand(qDeleteSteps, len(stepIDs)), args(stepIDs)...); err != nil {
-				return fmt.Errorf("deleting timed-out steps %v: %w", stepIDs, err)
+			if _, err := tx.ExecContext(ctx, expand(qDeleteStepCommands, len(finished)), args(finished)...); err != nil {
+				return fmt.Errorf("deleting raw commands of timed-out steps %v: %w", finished, err)
+			}
+			if _, err := tx.ExecContext(ctx, expand(qDeleteSteps, len(finished)), args(finished)...); err != nil {
+				return fmt.Errorf("deleting timed-out steps %v: %w", finished, err)
 			}
 			return nil
 		})
 		if err != nil {
-			return fmt.Errorf("retrieving timed-out steps: %w", err)
+			return out, fmt.Errorf("retrieving timed-out steps: %w", err)
 		}
-		if claimed < timedOutStepsPerBatch {
-			return nil
+		out = append(out, batch...)
+		if !more {
+			return out, nil
 		}
 	}
 }
 
+// timeOutBudget is what one timeout transaction may still take on.
+type timeOutBudget struct {
+	ids   int
+	bytes int
+}
+
+func (b *timeOutBudget) spent() bool { return b.ids <= 0 || b.bytes <= 0 }
+
 // timeOutStep locks and deletes what is left of one claimed step's
-// enrollment rows, returning one result per enrollment.
-func (s *Storage) timeOutStep(ctx context.Context, tx *sql.Tx, stepID int64, sc nanostorage.StepContext) ([]*nanostorage.StepResult, error) {
-	enrollments, err := queryStrings(ctx, tx, qGetStepEnrollmentIDs, stepID)
-	if err != nil {
-		return nil, fmt.Errorf("reading enrollments of timed-out step %d: %w", stepID, err)
+// enrollment rows, within budget, returning one result per enrollment and
+// whether the step has no enrollment rows left (so it can be deleted).
+// Rows cannot be added to an existing step, so a listing that came back
+// short of the budget saw all of them.
+func (s *Storage) timeOutStep(ctx context.Context, tx *sql.Tx, stepID int64, sc nanostorage.StepContext, budget *timeOutBudget) ([]*nanostorage.StepResult, bool, error) {
+	if budget.spent() {
+		return nil, false, nil
 	}
+	enrollments, err := queryStrings(ctx, tx, qGetStepEnrollmentIDs, stepID, budget.ids+1)
+	if err != nil {
+		return nil, false, fmt.Errorf("reading enrollments of timed-out step %d: %w", stepID, err)
+	}
+	done := len(enrollments) <= budget.ids
 	var out []*nanostorage.StepResult
-	err = chunks(enrollments, maxInList, func(c []string) error {
+	for len(enrollments) > 0 && !budget.spent() {
+		c := enrollments[:min(len(enrollments), timedOutIDsPerRead, budget.ids)]
+		enrollments = enrollments[len(c):]
 		byID := map[string]*nanostorage.StepResult{}
 		_, err := queryList(ctx, tx, expand(qLockTimedOutRows, len(c)), append(args(c), stepID), func(rs *sql.Rows) (struct{}, error) {
 			var id string
@@ -245,17 +283,18 @@ func (s *Storage) timeOutStep(ctx context.Context, tx *sql.Tx, stepID int64, sc 
 				out = append(out, sr)
 			}
 			sr.Commands = append(sr.Commands, r)
+			budget.bytes -= len(r.ResultReport)
 			return struct{}{}, nil
 		})
 		if err != nil {
-			return fmt.Errorf("locking rows of timed-out step %d: %w", stepID, err)
+			return nil, false, fmt.Errorf("locking rows of timed-out step %d: %w", stepID, err)
 		}
 		if _, err := tx.ExecContext(ctx, expand(qDeleteTimedOutRows, len(c)), append(args(c), stepID)...); err != nil {
-			return fmt.Errorf("deleting rows of timed-out step %d: %w", stepID, err)
+			return nil, false, fmt.Errorf("deleting rows of timed-out step %d: %w", stepID, err)
 		}
-		return nil
-	})
-	return out, err
+		budget.ids -= len(c)
+	}
+	return out, done && len(enrollments) == 0, nil
 }
 
 // RetrieveAndMarkRePushed returns the enrollments with a command last pushed

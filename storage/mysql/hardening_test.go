@@ -1,0 +1,389 @@
+package mysql_test
+
+import (
+	"database/sql"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+
+	"github.com/stepcollect/stepcollect/storage"
+	stepmysql "github.com/stepcollect/stepcollect/storage/mysql"
+)
+
+// Injected-fault tests for what a retry, a lost COMMIT answer or a skipped
+// claim must never do: report what a rolled-back try produced, or settle
+// an unknown COMMIT by guessing.
+
+var injectedDeadlock = &mysql.MySQLError{Number: 1213, Message: "Deadlock found when trying to get lock (injected)"}
+
+func countOutbox(t *testing.T, db *sql.DB) int {
+	t.Helper()
+	var n int
+	if err := db.QueryRow(`SELECT COUNT(*) FROM stepcollect_outbox`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// A deadlock at the end of a timeout transaction rolls it back; the retry
+// must report each enrollment once, not once per try.
+func TestARetriedTimeoutReportsEachEnrollmentOnce(t *testing.T) {
+	b, fc := setupFaulty(t)
+	ctx := t.Context()
+	step := fanOutStep("timeoutretry", 2, 1)
+	step.Timeout = time.Now().Add(-time.Second)
+	if err := b.store.StoreStep(ctx, step, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	fc.mu.Lock()
+	fc.failBefore, fc.failErr = "DELETE FROM steps WHERE id IN", injectedDeadlock
+	fc.mu.Unlock()
+
+	got, err := b.store.RetrieveTimedOutSteps(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fc.failed != 1 {
+		t.Fatalf("the deadlock was injected %d times, want 1: the fault never happened", fc.failed)
+	}
+	var ids []string
+	for _, r := range got {
+		ids = append(ids, r.IDs...)
+	}
+	if len(ids) != 2 || ids[0] == ids[1] {
+		t.Errorf("timed-out enrollments %v, want each of the 2 once", ids)
+	}
+	if c := countRows(t, b.db.DB); c != (rowCounts{}) {
+		t.Errorf("rows left: %+v", c)
+	}
+}
+
+// The same for the service's TimeOutSteps: its count matches the outbox,
+// and the sink hears only of rows that exist.
+func TestARetriedTimeoutWritesAndHandsOffEachEventOnce(t *testing.T) {
+	sink := newRecordingSink()
+	b, fc := setupFaulty(t, stepmysql.WithOutbox(), stepmysql.WithEventSink(sink))
+	ctx := t.Context()
+	step := fanOutStep("timeoutevents", 2, 1)
+	step.Timeout = time.Now().Add(-time.Second)
+	if err := b.store.StoreStep(ctx, step, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	fc.mu.Lock()
+	fc.failBefore, fc.failErr = "DELETE FROM steps WHERE id IN", injectedDeadlock
+	fc.mu.Unlock()
+
+	n, err := b.store.TimeOutSteps(ctx, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fc.failed != 1 {
+		t.Fatalf("the deadlock was injected %d times, want 1", fc.failed)
+	}
+	if rows := countOutbox(t, b.db.DB); n != 2 || rows != 2 {
+		t.Errorf("reported %d events, the outbox holds %d; want 2 and 2", n, rows)
+	}
+	assertSinkRefsExist(t, b, sink, 2)
+}
+
+// An event insert that fails (for good) must not hand off anything: the
+// old code told the sink of an outbox row 0 that never existed.
+func TestAFailedDueEventHandsOffNothing(t *testing.T) {
+	sink := newRecordingSink()
+	b, fc := setupFaulty(t, stepmysql.WithOutbox(), stepmysql.WithEventSink(sink))
+	ctx := t.Context()
+	step := fanOutStep("duefail", 2, 1)
+	step.NotUntil = time.Now().Add(-time.Second)
+	if err := b.store.StoreStep(ctx, step, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	fc.mu.Lock()
+	fc.failBefore, fc.failErr = "INSERT INTO stepcollect_outbox", &mysql.MySQLError{Number: 1146, Message: "Table doesn't exist (injected)"}
+	fc.mu.Unlock()
+
+	n, err := b.store.SendDueSteps(ctx, time.Now())
+	if err == nil || n != 0 {
+		t.Fatalf("SendDueSteps with a failing insert: %d, %v; want 0 and the error", n, err)
+	}
+	if len(sink.refs) != 0 {
+		t.Errorf("the sink was told of %v after a rolled-back insert", sink.refs)
+	}
+	// and once the fault is gone the step is sent, once
+	if n, err := b.store.SendDueSteps(ctx, time.Now()); err != nil || n != 1 {
+		t.Fatalf("second SendDueSteps: %d, %v; want 1", n, err)
+	}
+	assertSinkRefsExist(t, b, sink, 1)
+}
+
+// A deadlock in a due-steps batch: the retry returns each step once.
+func TestARetriedDueBatchReturnsEachStepOnce(t *testing.T) {
+	b, fc := setupFaulty(t)
+	ctx := t.Context()
+	for _, p := range []string{"dueretry-a", "dueretry-b"} {
+		step := fanOutStep(p, 1, 1)
+		step.NotUntil = time.Now().Add(-time.Second)
+		if err := b.store.StoreStep(ctx, step, time.Now()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// the deadlock is reported by COMMIT, after the batch was built
+	fc.mu.Lock()
+	fc.refuseCommits, fc.refuseErr = 1, injectedDeadlock
+	fc.mu.Unlock()
+	got, err := b.store.RetrieveStepsToEnqueue(ctx, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fc.refused != 1 || len(got) != 2 || got[0].InstanceID == got[1].InstanceID {
+		t.Errorf("injected %d, got %d steps; want 1 fault and the 2 steps once each", fc.refused, len(got))
+	}
+}
+
+func assertSinkRefsExist(t *testing.T, b *bundle, sink *recordingSink, want int) {
+	t.Helper()
+	if len(sink.refs) != want {
+		t.Fatalf("the sink was told of %d events, want %d: %v", len(sink.refs), want, sink.refs)
+	}
+	for _, ref := range sink.refs {
+		var eventID string
+		err := b.db.QueryRow(`SELECT event_id FROM stepcollect_outbox WHERE id = ?`, ref.ID).Scan(&eventID)
+		if err != nil || eventID != ref.EventID {
+			t.Errorf("handed-off event %+v: outbox row %q, %v", ref, eventID, err)
+		}
+	}
+}
+
+// The completing COMMIT never reached the server (answer lost), and a
+// CheckOut cancelled the enrollment's steps before the retry: the rows are
+// gone, but not by this result. No event was written, so the storage must
+// not report a completed step (the webhook would answer completed_step
+// with nothing in the outbox).
+func TestALostCommitAnswerWithTheRowsCancelledMeanwhileIsNoCompletion(t *testing.T) {
+	b, fc := setupFaulty(t, stepmysql.WithOutbox())
+	ctx := t.Context()
+	step := fanOutStep("lostcancel", 1, 1)
+	if err := b.store.StoreStep(ctx, step, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	fc.mu.Lock()
+	fc.dropCommits = 1
+	fc.betweenTries = func() {
+		if _, err := b.db.Exec(`DELETE FROM id_commands WHERE enrollment_id = ?`, step.IDs[0]); err != nil {
+			t.Error(err)
+		}
+	}
+	fc.mu.Unlock()
+
+	r, err := b.store.StoreCommandResponseAndRetrieveCompletedStep(ctx, step.IDs[0], result(step.Commands[0].CommandUUID))
+	if fc.dropped != 1 {
+		t.Fatalf("dropped %d COMMITs, want 1: the fault never happened", fc.dropped)
+	}
+	if r != nil {
+		t.Fatalf("reported a completed step %+v with no event written", r)
+	}
+	if !errors.Is(err, storage.ErrUnknownCommand) {
+		t.Errorf("error %v, want the command unknown (it was cancelled; the result was not committed)", err)
+	}
+	if n := countOutbox(t, b.db.DB); n != 0 {
+		t.Errorf("%d outbox rows", n)
+	}
+}
+
+// A server error reply to COMMIT (connection killed, shutdown, query
+// killed) means "not committed": it is retried as such, and rows deleted
+// meanwhile by a cancel are never taken as its success.
+func TestAServerErrorReplyToCommitIsNotAnAmbiguousCommit(t *testing.T) {
+	for _, code := range []uint16{1927, 1053, 1317} {
+		t.Run(itoa(int(code)), func(t *testing.T) {
+			// without the outbox: only the reply itself can tell
+			b, fc := setupFaulty(t)
+			ctx := t.Context()
+			step := fanOutStep("refused", 1, 1)
+			if err := b.store.StoreStep(ctx, step, time.Now()); err != nil {
+				t.Fatal(err)
+			}
+			fc.mu.Lock()
+			fc.refuseCommits, fc.refuseErr = 1, &mysql.MySQLError{Number: code, Message: "injected"}
+			fc.betweenTries = func() {
+				if _, err := b.db.Exec(`DELETE FROM id_commands WHERE enrollment_id = ?`, step.IDs[0]); err != nil {
+					t.Error(err)
+				}
+			}
+			fc.mu.Unlock()
+			r, err := b.store.StoreCommandResponseAndRetrieveCompletedStep(ctx, step.IDs[0], result(step.Commands[0].CommandUUID))
+			if fc.refused != 1 {
+				t.Fatalf("refused %d COMMITs, want 1", fc.refused)
+			}
+			if r != nil || !errors.Is(err, storage.ErrUnknownCommand) {
+				t.Errorf("after a refused COMMIT and a cancel: %+v, %v; want no step and the command unknown", r, err)
+			}
+		})
+	}
+}
+
+// Without the outbox nothing in the database can prove a lost COMMIT went
+// through: the caller gets an error saying so, never a guess.
+func TestALostCommitAnswerWithoutTheOutboxIsAnErrorNotAGuess(t *testing.T) {
+	b, fc := setupFaulty(t)
+	ctx := t.Context()
+	step := fanOutStep("lostlib", 1, 1)
+	if err := b.store.StoreStep(ctx, step, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	fc.mu.Lock()
+	fc.loseCommits = 1
+	fc.mu.Unlock()
+	r, err := b.store.StoreCommandResponseAndRetrieveCompletedStep(ctx, step.IDs[0], result(step.Commands[0].CommandUUID))
+	if fc.lost != 1 {
+		t.Fatalf("lost %d COMMIT answers, want 1", fc.lost)
+	}
+	if r != nil || !errors.Is(err, storage.ErrCommitUnknown) {
+		t.Errorf("%+v, %v; want an error wrapping ErrCommitUnknown", r, err)
+	}
+}
+
+// StoreStep's COMMIT went through but its answer was lost: the retry must
+// find its own step and return its id, not meet its own rows as a 409.
+func TestStoreStepAfterALostCommitAnswerReturnsItsStep(t *testing.T) {
+	b, fc := setupFaulty(t)
+	ctx := t.Context()
+	step := fanOutStep("storelost", 3, 2)
+	fc.mu.Lock()
+	fc.loseCommits = 1
+	fc.mu.Unlock()
+	id, err := b.store.StoreStepID(ctx, step, time.Now())
+	if fc.lost != 1 {
+		t.Fatalf("lost %d COMMIT answers, want 1", fc.lost)
+	}
+	if err != nil || id == 0 {
+		t.Fatalf("StoreStepID after a lost COMMIT answer: %d, %v; want the step's id", id, err)
+	}
+	var steps, rows int
+	if err := b.db.QueryRow(`SELECT COUNT(*), (SELECT COUNT(*) FROM id_commands WHERE step_id = ?) FROM steps`, id).Scan(&steps, &rows); err != nil {
+		t.Fatal(err)
+	}
+	if steps != 1 || rows != 6 {
+		t.Errorf("%d steps and %d rows of step %d, want 1 and 6", steps, rows, id)
+	}
+}
+
+// And when that COMMIT never reached the server, the retry stores the step
+// once.
+func TestStoreStepAfterADroppedCommitStoresItOnce(t *testing.T) {
+	b, fc := setupFaulty(t)
+	ctx := t.Context()
+	step := fanOutStep("storedropped", 3, 2)
+	fc.mu.Lock()
+	fc.dropCommits = 1
+	fc.mu.Unlock()
+	id, err := b.store.StoreStepID(ctx, step, time.Now())
+	if fc.dropped != 1 {
+		t.Fatalf("dropped %d COMMITs, want 1", fc.dropped)
+	}
+	if err != nil || id == 0 {
+		t.Fatalf("StoreStepID after a dropped COMMIT: %d, %v", id, err)
+	}
+	if c := countRows(t, b.db.DB); c.Steps != 1 || c.IDCommands != 6 {
+		t.Errorf("rows %+v, want 1 step and 6 id_commands", c)
+	}
+}
+
+// A step the collector's SKIP LOCKED claim passes over is held by someone
+// (here: a transaction that locks the steps row as the scheduler's claims
+// do, and lets it go without deleting it). It must still be collected
+// once the lock is gone, not counted "claimed elsewhere" and left.
+func TestASkippedClaimIsCheckedAgainUntilTheStepIsGone(t *testing.T) {
+	b := setup(t, nil)
+	ctx := t.Context()
+	step := fanOutStep("skipped", 1, 1)
+	stepID, err := b.store.StoreStepID(ctx, step, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.db.Exec(`DELETE FROM id_commands WHERE step_id = ?`, stepID); err != nil {
+		t.Fatal(err)
+	}
+	holder, err := b.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var held int64
+	if err := holder.QueryRow(`SELECT id FROM steps WHERE id = ? FOR UPDATE`, stepID).Scan(&held); err != nil {
+		t.Fatal(err)
+	}
+	released := make(chan struct{})
+	go func() {
+		defer close(released)
+		time.Sleep(80 * time.Millisecond) // held across the first claims, released well within the retries
+		holder.Commit()
+	}()
+	res, err := b.store.Collect(ctx, []storage.UnreferencedStep{{ID: stepID, ObservedAt: time.Now()}})
+	<-released
+	if err != nil || res[storage.CollectCollected] != 1 {
+		t.Fatalf("collect across a held lock: %v, %v; want it collected", res, err)
+	}
+	if c := countRows(t, b.db.DB); c.Steps != 0 {
+		t.Errorf("step left: %+v", c)
+	}
+}
+
+// A lock held for longer than the retries: the step is reported as not
+// collected (ErrClaimSkipped, for the caller to try again), never as done.
+func TestAClaimSkippedForLongIsReportedNotDropped(t *testing.T) {
+	b := setup(t, nil)
+	ctx := t.Context()
+	step := fanOutStep("heldlong", 1, 1)
+	stepID, err := b.store.StoreStepID(ctx, step, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.db.Exec(`DELETE FROM id_commands WHERE step_id = ?`, stepID); err != nil {
+		t.Fatal(err)
+	}
+	holder, err := b.db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var held int64
+	if err := holder.QueryRow(`SELECT id FROM steps WHERE id = ? FOR UPDATE`, stepID).Scan(&held); err != nil {
+		t.Fatal(err)
+	}
+	res, err := b.store.Collect(ctx, []storage.UnreferencedStep{{ID: stepID, ObservedAt: time.Now()}})
+	if !errors.Is(err, storage.ErrClaimSkipped) || !strings.Contains(err.Error(), itoa(int(stepID))) || res[storage.CollectClaimedElsewhere] != 1 {
+		t.Fatalf("collect while the row stays locked: %v, %v; want ErrClaimSkipped naming step %d", res, err, stepID)
+	}
+	if err := holder.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := b.store.Collect(ctx, []storage.UnreferencedStep{{ID: stepID}}); err != nil || res[storage.CollectCollected] != 1 {
+		t.Fatalf("collect once the lock is gone: %v, %v", res, err)
+	}
+}
+
+// Times outside what the TIMESTAMP columns hold are the caller's mistake,
+// named as such (a 400), never a storage failure to retry (a 503).
+func TestStoreStepRefusesUnstorableTimesNamingTheField(t *testing.T) {
+	b := setup(t, nil)
+	ctx := t.Context()
+	for _, tc := range []struct {
+		field string
+		set   func(*time.Time, *time.Time)
+	}{
+		{"timeout", func(_, to *time.Time) { *to = time.Date(2040, 1, 1, 0, 0, 0, 0, time.UTC) }},
+		{"not_until", func(nu, _ *time.Time) { *nu = time.Date(1960, 1, 1, 0, 0, 0, 0, time.UTC) }},
+		{"timeout", func(_, to *time.Time) { *to = time.Date(1969, 12, 31, 0, 0, 0, 0, time.UTC) }},
+	} {
+		step := fanOutStep("times", 1, 1)
+		tc.set(&step.NotUntil, &step.Timeout)
+		_, err := b.store.StoreStepID(ctx, step, time.Now())
+		if storage.ErrorCode(err) != storage.EInvalid || !strings.HasPrefix(err.Error(), tc.field+": ") {
+			t.Errorf("%s out of range: %v, want an invalid-input error naming %s", tc.field, err, tc.field)
+		}
+	}
+	if c := countRows(t, b.db.DB); c != (rowCounts{}) {
+		t.Errorf("rows written: %+v", c)
+	}
+}
