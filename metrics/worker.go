@@ -44,6 +44,9 @@ func NewSweeper(reg prometheus.Registerer) *Sweeper {
 // Enqueue holds the metrics of putting tasks on the queue.
 type Enqueue struct {
 	Failures *prometheus.CounterVec
+	// HandoffDropped counts released steps the api's hand-off dropped
+	// because it already held as many as it keeps while Redis is down.
+	HandoffDropped prometheus.Counter
 }
 
 // NewEnqueue creates the enqueue metrics and registers them with reg.
@@ -51,12 +54,17 @@ func NewEnqueue(reg prometheus.Registerer, taskTypes ...string) *Enqueue {
 	m := &Enqueue{Failures: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: Namespace,
 		Name:      "enqueue_failures_total",
-		Help:      "Tasks that could not be enqueued after a commit (Redis down); the sweeper will find the work.",
-	}, []string{"task"})}
+		Help:      "Tasks that could not be enqueued after a commit (Redis down); the hand-off tries again, and the sweeper finds what it drops.",
+	}, []string{"task"}),
+		HandoffDropped: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: Namespace,
+			Name:      "handoff_dropped_steps_total",
+			Help:      "Released steps the api dropped while Redis was down, past what it keeps; the sweeper collects them.",
+		})}
 	for _, t := range taskTypes {
 		m.Failures.WithLabelValues(t)
 	}
-	reg.MustRegister(m.Failures)
+	reg.MustRegister(m.Failures, m.HandoffDropped)
 	return m
 }
 

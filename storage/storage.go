@@ -15,23 +15,29 @@ import (
 // backend satisfies.
 type AllStorage = nanostorage.AllStorage
 
-// UnreferencedStep is a step that no id_commands row refers to any more, as
-// observed by a non-locking read after the commit that removed the last one.
+// UnreferencedStep is a step to collect once nothing refers to it: one
+// whose id_commands rows a committed transaction deleted (the last of them,
+// or not: Collect checks), or one a read already saw unreferenced.
 // "Unreferenced" is terminal: id_commands rows are only ever inserted
-// together with a new steps row, so such a step can never gain a reference
-// again, and whoever receives one may collect it at any later time.
+// together with a new steps row, so a step can never gain a reference
+// again, and a check made after the commit that removed its last reference
+// sees it unreferenced however late it runs.
 type UnreferencedStep struct {
 	ID int64 `json:"id"`
-	// ObservedAt is when the step was first seen unreferenced, i.e. just
-	// after the commit that left it so. Collection lag is measured from here.
+	// ObservedAt is when the commit that released the step's rows
+	// finished. Collection lag is measured from here.
 	ObservedAt time.Time `json:"observed_at"`
 }
 
-// Collector takes over the deletion of unreferenced steps from the request
-// path. The storage calls it after its own transaction has committed; an
-// error is logged and counted, never returned to the storage's caller (the
-// result it committed is what matters), and the step stays behind for a
-// later collection or sweep.
+// Collector takes the collection of released steps off the request path.
+// The storage calls it after its own transaction has committed, with every
+// step that transaction released rows of, unchecked: the check, the claim
+// and the deletes are the collector's (storage/mysql's Collect), batched.
+// The last release of a step is handed over after the commit that left it
+// unreferenced, so its check cannot miss it. An error is logged and
+// counted, never returned to the storage's caller (the result it committed
+// is what matters), and the step stays behind for a later collection or
+// sweep.
 type Collector interface {
 	CollectSteps(ctx context.Context, steps []UnreferencedStep) error
 }
@@ -87,11 +93,12 @@ const (
 	OpRePush        = "mark re-pushed"
 	OpRecordStarted = "record workflow started"
 	OpDeleteOrphans = "delete orphaned raw commands"
+	OpClaimEvents   = "claim events"
 )
 
 // TxOps lists every transaction operation.
 var TxOps = []string{OpStoreResult, OpStoreNotNow, OpStoreStep, OpCancelSteps, OpCollectSteps,
-	OpDueSteps, OpTimeOutSteps, OpRePush, OpRecordStarted, OpDeleteOrphans}
+	OpDueSteps, OpTimeOutSteps, OpRePush, OpRecordStarted, OpDeleteOrphans, OpClaimEvents}
 
 // Retry reasons, the reason label of stepcollect_tx_retries_total.
 var RetryReasons = []string{"deadlock", "lock_wait_timeout", "connection"}

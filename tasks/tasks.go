@@ -10,19 +10,22 @@
 // made when the last reference went is rejected because that earlier task
 // is still active.
 //
-// stepcollect avoids the trap by enqueuing only steps it has already seen
-// unreferenced, which is terminal (id_commands rows are inserted only with
-// their own new step). So every collect task that exists for a step was
-// created after the step became unreferenced and will itself see it so when
-// it runs: a rejected duplicate (ErrTaskIDConflict) lost nothing, and is
-// treated as success. Duplicates that do get through are harmless, because
-// collection is idempotent (a step claimed elsewhere or already gone is
-// success). The TaskID is an optimisation, not the correctness argument,
-// which is why batches of several steps are enqueued without one.
+// So collect tasks carry no TaskID at all. Each process gathers the steps
+// its commits released for a few milliseconds (Handoff) and enqueues one
+// task for all of them, off the request path. The task checks each step
+// without a lock, claims the unreferenced ones with FOR UPDATE SKIP LOCKED
+// and deletes them. The last release of a step is handed over after the
+// commit that left it unreferenced, so the check it triggers sees it so
+// ("unreferenced" is terminal: id_commands rows are only inserted with
+// their own new step). A step the claim skipped is not taken as collected:
+// it is checked again until a read shows it gone, and the task is retried
+// if it is still held. Duplicates are harmless: a step already gone is
+// counted and skipped.
 //
-// What the queue cannot protect against, it does not try to: an enqueue lost
-// outright (Redis down at commit time, a process killed between commit and
-// enqueue) is found by the sweeper, which pages through the steps table.
+// What the queue cannot protect against, it does not try to: a hand-off
+// lost outright (a process killed between commit and enqueue, or more
+// released steps than Handoff keeps while Redis is down) is found by the
+// sweeper, which pages through the steps table.
 //
 // # Why sweeps do not multiply with replicas
 //
@@ -103,8 +106,8 @@ type DeliverPayload struct {
 	Event   storage.OutboxRef `json:"event"`
 }
 
-// Collect options: no retention, so a finished task frees its TaskID at
-// once; retried with asynq's backoff when MySQL fails.
+// Collect options: retried soon (CollectRetryDelay) when MySQL fails or a
+// claim stays skipped.
 const (
 	collectMaxRetry = 10
 	collectTimeout  = time.Minute
@@ -116,10 +119,8 @@ func NewCollectTask(steps []storage.UnreferencedStep) (*asynq.Task, []asynq.Opti
 	if err != nil {
 		return nil, nil, err
 	}
+	// no TaskID: see the package doc
 	opts := []asynq.Option{asynq.Queue(QueueCollect), asynq.MaxRetry(collectMaxRetry), asynq.Timeout(collectTimeout)}
-	if len(steps) == 1 {
-		opts = append(opts, asynq.TaskID("collect:"+strconv.FormatInt(steps[0].ID, 10)))
-	}
 	return asynq.NewTask(TypeCollect, b), opts, nil
 }
 

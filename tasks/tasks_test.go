@@ -27,7 +27,10 @@ func TestCollectPayloadRoundTripsWithItsVersion(t *testing.T) {
 	}
 }
 
-func TestEnqueuerTreatsATaskIDConflictAsSuccess(t *testing.T) {
+// A sweep slot's TaskID conflict is success (another replica got there
+// first). Collect tasks have no TaskID: a duplicate must never be able to
+// reject the hand-off that carries a step's last release.
+func TestEnqueuerTreatsASlotConflictAsSuccessAndNeverDeduplicatesCollects(t *testing.T) {
 	rs := testredis.Start(t)
 	opt, _ := asynq.ParseRedisURI(rs.URL)
 	var failures []string
@@ -49,8 +52,8 @@ func TestEnqueuerTreatsATaskIDConflictAsSuccess(t *testing.T) {
 	defer insp.Close()
 	collect, _ := insp.ListPendingTasks(tasks.QueueCollect)
 	sweeps, _ := insp.ListPendingTasks(tasks.QueueSweep)
-	if len(collect) != 1 || len(sweeps) != 1 {
-		t.Errorf("pending: %d collect, %d sweep tasks; want one of each", len(collect), len(sweeps))
+	if len(collect) != 3 || len(sweeps) != 1 {
+		t.Errorf("pending: %d collect, %d sweep tasks; want 3 and 1", len(collect), len(sweeps))
 	}
 	if len(failures) != 0 {
 		t.Errorf("conflicts counted as failures: %v", failures)

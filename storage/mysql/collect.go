@@ -13,8 +13,10 @@ import (
 )
 
 // afterRelease runs after a transaction that deleted id_commands rows of
-// stepIDs has committed: it asks, without a lock, which of those steps are
-// now unreferenced, and collects them inline or hands them to the Collector.
+// stepIDs has committed. With a Collector it hands them over at once,
+// unchecked: the collector checks, claims and deletes them in batches, off
+// the request path. Without one it asks, without a lock, which of those
+// steps are now unreferenced, and collects them inline.
 //
 // The last enrollment to commit always sees the step unreferenced: every
 // other enrollment's deletes committed before its own COMMIT returned, and
@@ -26,6 +28,17 @@ import (
 // sweeper takes it.
 func (s *Storage) afterRelease(ctx context.Context, stepIDs []int64) {
 	if len(stepIDs) == 0 {
+		return
+	}
+	if s.collector != nil {
+		now := time.Now()
+		released := make([]storage.UnreferencedStep, len(stepIDs))
+		for i, id := range stepIDs {
+			released[i] = storage.UnreferencedStep{ID: id, ObservedAt: now}
+		}
+		if err := s.collector.CollectSteps(ctx, released); err != nil {
+			s.logger.Warn().Err(err).Ints64(logkeys.StepIDs, stepIDs).Msg("handing steps to the collector; the sweeper will find them")
+		}
 		return
 	}
 	res := storage.CollectResult{}
@@ -47,12 +60,6 @@ func (s *Storage) afterRelease(ctx context.Context, stepIDs []int64) {
 		return
 	}
 	if len(unref) == 0 {
-		return
-	}
-	if s.collector != nil {
-		if err := s.collector.CollectSteps(ctx, unref); err != nil {
-			s.logger.Warn().Err(err).Ints64(logkeys.StepIDs, ids(unref)).Msg("handing steps to the collector; the sweeper will find them")
-		}
 		return
 	}
 	observed, err = s.claimUntilGone(ctx, unref, res)

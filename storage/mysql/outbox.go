@@ -64,6 +64,57 @@ func (s *Storage) ClaimEvent(ctx context.Context, id int64, lease time.Duration)
 	return ev, nil
 }
 
+// ClaimDueEvents claims up to limit events that nobody is delivering, for
+// lease, in one short transaction, and returns them oldest first. Events
+// another worker holds are skipped, never waited for.
+func (s *Storage) ClaimDueEvents(ctx context.Context, limit int, lease time.Duration) ([]*storage.OutboxEvent, error) {
+	var out []*storage.OutboxEvent
+	err := s.inTx(ctx, storage.OpClaimEvents, func(ctx context.Context, tx *sql.Tx, _ *attempt) error {
+		now := time.Now()
+		var err error
+		out, err = queryList(ctx, tx, qClaimDueEvents, []any{now, limit}, func(rs *sql.Rows) (*storage.OutboxEvent, error) {
+			ev := &storage.OutboxEvent{}
+			err := rs.Scan(&ev.ID, &ev.EventID, &ev.Type, &ev.Payload, &ev.Attempts)
+			ev.Attempts++ // this one
+			return ev, err
+		})
+		if err != nil || len(out) == 0 {
+			return err
+		}
+		ids := make([]int64, len(out))
+		for i, ev := range out {
+			ids[i] = ev.ID
+		}
+		_, err = tx.ExecContext(ctx, expand(qLeaseEvents, len(ids)), args(ids, now.Add(lease))...)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("claiming events to deliver: %w", err)
+	}
+	return out, nil
+}
+
+// RenewLeases extends the lease of events whose delivery is still running.
+func (s *Storage) RenewLeases(ctx context.Context, ids []int64, lease time.Duration) error {
+	until := time.Now().Add(lease)
+	return chunks(ids, maxInList, func(c []int64) error {
+		if _, err := s.db.ExecContext(ctx, expand(qRenewLeases, len(c)), args(c, until)...); err != nil {
+			return fmt.Errorf("renewing the lease of events %v: %w", c, err)
+		}
+		return nil
+	})
+}
+
+// AckEvents removes delivered events from the outbox, in one statement.
+func (s *Storage) AckEvents(ctx context.Context, ids []int64) error {
+	return chunks(ids, maxInList, func(c []int64) error {
+		if _, err := s.db.ExecContext(ctx, expand(qAckEvents, len(c)), args(c)...); err != nil {
+			return fmt.Errorf("acknowledging events %v: %w", c, err)
+		}
+		return nil
+	})
+}
+
 // AckEvent removes a delivered event from the outbox.
 func (s *Storage) AckEvent(ctx context.Context, id int64) error {
 	if _, err := s.db.ExecContext(ctx, qAckEvent, id); err != nil {

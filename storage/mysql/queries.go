@@ -200,6 +200,25 @@ SELECT workflow_name, instance_id FROM steps WHERE id = ?`
 UPDATE stepcollect_outbox SET attempts = attempts + 1, lease_until = ?
 WHERE id = ? AND (lease_until IS NULL OR lease_until <= ?)`
 
+	// Delivery, batched: the events nobody is delivering (never claimed,
+	// or whose lease lapsed: a failed try's backoff ended, or the worker
+	// that held it died), locked so that any number of workers can claim
+	// at once and none waits on another. The outbox in MySQL, not the
+	// queue, decides who delivers.
+	qClaimDueEvents = `
+SELECT id, event_id, event_type, payload, attempts FROM stepcollect_outbox
+WHERE lease_until IS NULL OR lease_until <= ?
+ORDER BY id LIMIT ? FOR UPDATE SKIP LOCKED`
+
+	qLeaseEvents = `
+UPDATE stepcollect_outbox SET attempts = attempts + 1, lease_until = ? WHERE id IN (?)`
+
+	// A delivery still running keeps its lease.
+	qRenewLeases = `
+UPDATE stepcollect_outbox SET lease_until = ? WHERE id IN (?)`
+
+	qAckEvents = `DELETE FROM stepcollect_outbox WHERE id IN (?)`
+
 	qGetEvent = `
 SELECT event_id, event_type, payload, attempts FROM stepcollect_outbox WHERE id = ?`
 

@@ -1,0 +1,208 @@
+package delivery
+
+import (
+	"context"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/stepcollect/stepcollect/logkeys"
+	"github.com/stepcollect/stepcollect/storage"
+)
+
+// DispatchStore is what the dispatcher needs of the storage.
+type DispatchStore interface {
+	ClaimDueEvents(ctx context.Context, limit int, lease time.Duration) ([]*storage.OutboxEvent, error)
+	RenewLeases(ctx context.Context, ids []int64, lease time.Duration) error
+	AckEvents(ctx context.Context, ids []int64) error
+	FailEvent(ctx context.Context, id int64, reason string, retryAt time.Time) error
+}
+
+// DispatchConfig configures a Dispatcher. The zero value is the default.
+type DispatchConfig struct {
+	// Loops is how many claim-deliver-ack loops run at once, so that one
+	// slow batch never holds up the rest. Default 4.
+	Loops int
+	// Batch is the most events one loop claims and POSTs at once. Default 64.
+	Batch int
+	// PollInterval is how long an idle loop waits before looking again.
+	// Default 100ms: the delivery latency of a quiet system.
+	PollInterval time.Duration
+	// Lease is how long a claim keeps other workers off an event; it is
+	// renewed every third of it while the POST runs, so a worker that dies
+	// loses its events to another within one lease. Default 10s.
+	Lease time.Duration
+	// MaxBackoff caps the wait between tries of an event whose receiver
+	// failed: a receiver that comes back is served within it. Default 10s.
+	MaxBackoff time.Duration
+	// Drain is how long POSTs in flight get to finish once Run's context
+	// ends; after that they are abandoned and their leases lapse. Default 8s.
+	Drain time.Duration
+}
+
+// Dispatcher delivers the outbox by polling it: each loop claims a batch of
+// events nobody is delivering (FOR UPDATE SKIP LOCKED, then a lease), POSTs
+// them concurrently, acknowledges the delivered ones in one statement and
+// gives each failed one a backoff. The outbox decides who delivers, so any
+// number of workers may run it, nothing depends on Redis, and an event
+// whose worker died is delivered by another once its lease lapses.
+type Dispatcher struct {
+	cfg   DispatchConfig
+	d     *Deliverer
+	store DispatchStore
+}
+
+// NewDispatcher returns a Dispatcher posting through d.
+func NewDispatcher(cfg DispatchConfig, d *Deliverer, store DispatchStore) *Dispatcher {
+	if cfg.Loops <= 0 {
+		cfg.Loops = 4
+	}
+	if cfg.Batch <= 0 {
+		cfg.Batch = 64
+	}
+	if cfg.PollInterval <= 0 {
+		cfg.PollInterval = 100 * time.Millisecond
+	}
+	if cfg.Lease <= 0 {
+		cfg.Lease = 10 * time.Second
+	}
+	if cfg.MaxBackoff <= 0 {
+		cfg.MaxBackoff = 10 * time.Second
+	}
+	if cfg.Drain <= 0 {
+		cfg.Drain = 8 * time.Second
+	}
+	return &Dispatcher{cfg: cfg, d: d, store: store}
+}
+
+// Run delivers until ctx ends, then lets the POSTs in flight finish (up to
+// Drain). Without a callback URL it does nothing: events wait.
+func (p *Dispatcher) Run(ctx context.Context) {
+	if p.d.cfg.URL == "" {
+		<-ctx.Done()
+		return
+	}
+	// POSTs and acks outlive ctx by Drain, so a stop does not turn
+	// deliveries already made into redeliveries.
+	work, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancel()
+	stop := context.AfterFunc(ctx, func() {
+		t := time.AfterFunc(p.cfg.Drain, cancel)
+		<-work.Done()
+		t.Stop()
+	})
+	defer stop()
+	var wg sync.WaitGroup
+	for range p.cfg.Loops {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p.loop(ctx, work)
+		}()
+	}
+	wg.Wait()
+}
+
+func (p *Dispatcher) loop(ctx, work context.Context) {
+	failing := false
+	for ctx.Err() == nil {
+		evs, err := p.store.ClaimDueEvents(ctx, p.cfg.Batch, p.cfg.Lease)
+		if err != nil && ctx.Err() == nil {
+			if !failing { // once per outage, not once per poll
+				p.d.logger.Warn().Err(err).Msg("claiming events to deliver; retrying")
+			}
+			failing = true
+		} else if err == nil {
+			if failing {
+				p.d.logger.Info().Msg("claiming events to deliver works again")
+			}
+			failing = false
+		}
+		if len(evs) > 0 {
+			p.deliverBatch(work, evs)
+		}
+		if len(evs) < p.cfg.Batch {
+			select {
+			case <-ctx.Done():
+			case <-time.After(p.cfg.PollInterval):
+			}
+		}
+	}
+}
+
+// deliverBatch POSTs evs concurrently, renewing their leases while any is
+// in flight, then acknowledges the delivered ones at once and backs the
+// failed ones off.
+func (p *Dispatcher) deliverBatch(ctx context.Context, evs []*storage.OutboxEvent) {
+	var (
+		mu       sync.Mutex
+		inFlight = make(map[int64]bool, len(evs))
+		acked    []int64
+		wg       sync.WaitGroup
+	)
+	for _, ev := range evs {
+		inFlight[ev.ID] = true
+	}
+	renewDone := make(chan struct{})
+	go func() {
+		t := time.NewTicker(p.cfg.Lease / 3)
+		defer t.Stop()
+		for {
+			select {
+			case <-renewDone:
+				return
+			case <-t.C:
+			}
+			mu.Lock()
+			ids := make([]int64, 0, len(inFlight))
+			for id := range inFlight {
+				ids = append(ids, id)
+			}
+			mu.Unlock()
+			if err := p.store.RenewLeases(ctx, ids, p.cfg.Lease); err != nil {
+				p.d.logger.Warn().Err(err).Msg("renewing delivery leases; another worker may deliver these too (the receiver deduplicates on event_id)")
+			}
+		}
+	}()
+	for _, ev := range evs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			outcome, err := p.d.post(ctx, ev)
+			p.d.metrics.Deliveries.WithLabelValues(ev.Type, outcome).Inc()
+			mu.Lock()
+			delete(inFlight, ev.ID)
+			if err == nil {
+				acked = append(acked, ev.ID)
+			}
+			mu.Unlock()
+			if err != nil {
+				retryAt := time.Now().Add(p.backoff(ev.Attempts))
+				if ferr := p.store.FailEvent(ctx, ev.ID, err.Error(), retryAt); ferr != nil {
+					p.d.logger.Warn().Err(ferr).Int64("outbox_id", ev.ID).Msg("recording the failed delivery; its lease lapses instead")
+				}
+				p.d.logger.Info().Err(err).Int64("outbox_id", ev.ID).Str("event_id", ev.EventID).Str("type", ev.Type).
+					Int(logkeys.Attempt, ev.Attempts).Time("retry_at", retryAt).Msg("delivery failed; will retry")
+			}
+		}()
+	}
+	wg.Wait()
+	close(renewDone)
+	if len(acked) == 0 {
+		return
+	}
+	if err := p.store.AckEvents(ctx, acked); err != nil {
+		// delivered but not removed: they will be delivered again once
+		// their lease lapses, which the receiver's dedup on event_id absorbs
+		p.d.logger.Warn().Err(err).Int(logkeys.Count, len(acked)).Msg("removing delivered events")
+		return
+	}
+	p.d.logger.Debug().Int(logkeys.Count, len(acked)).Msg("events delivered")
+}
+
+// backoff is the wait before try attempts+1: 1, 2, 4 … seconds with
+// jitter, at most MaxBackoff.
+func (p *Dispatcher) backoff(attempts int) time.Duration {
+	d := min(time.Second<<min(max(attempts-1, 0), 16), p.cfg.MaxBackoff)
+	return d/2 + rand.N(d/2+1)
+}

@@ -1,0 +1,199 @@
+package tasks
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/stepcollect/stepcollect/logkeys"
+	"github.com/stepcollect/stepcollect/storage"
+)
+
+// StepEnqueuer is what Handoff needs of the queue.
+type StepEnqueuer interface {
+	CollectSteps(ctx context.Context, steps []storage.UnreferencedStep) error
+}
+
+// HandoffConfig configures a Handoff.
+type HandoffConfig struct {
+	// Window is how long released steps are gathered before one task
+	// carries them all. Default 5ms: far below the collection lag anyone
+	// sees, and at 500 results/s it already makes one task of a few.
+	Window time.Duration
+	// MaxPerTask bounds the steps of one collect task. Default 1000 (one
+	// check and one claim statement).
+	MaxPerTask int
+	// MaxPending bounds what is kept while the queue cannot take it (Redis
+	// down). Past it the oldest are dropped (and counted): the sweeper
+	// finds them. Default 100,000 (a few MB).
+	MaxPending int
+	// RetryEvery is how often a failed enqueue is tried again. Default 1s.
+	RetryEvery time.Duration
+	// OnDrop is called with how many steps were dropped.
+	OnDrop func(n int)
+}
+
+// Handoff is the storage's Collector in the api: it takes the steps each
+// commit released without waiting for anything (the webhook's answer waits
+// for its own commit and nothing else), gathers them for a few
+// milliseconds, and enqueues one collect task for many, off the request
+// path. While Redis is down it keeps them (bounded) and tries again, so
+// steps released during an outage are collected as soon as it returns.
+type Handoff struct {
+	cfg    HandoffConfig
+	enq    StepEnqueuer
+	logger zerolog.Logger
+
+	mu      sync.Mutex
+	pending map[int64]time.Time // step → the latest release seen
+	order   []int64             // arrival order, for dropping the oldest
+	kick    chan struct{}
+	done    chan struct{}
+}
+
+var _ storage.Collector = (*Handoff)(nil)
+
+// NewHandoff returns a Handoff onto enq. Run must be running for anything
+// to be enqueued.
+func NewHandoff(cfg HandoffConfig, enq StepEnqueuer, logger zerolog.Logger) *Handoff {
+	if cfg.Window <= 0 {
+		cfg.Window = 5 * time.Millisecond
+	}
+	if cfg.MaxPerTask <= 0 {
+		cfg.MaxPerTask = 1000
+	}
+	if cfg.MaxPending <= 0 {
+		cfg.MaxPending = 100_000
+	}
+	if cfg.RetryEvery <= 0 {
+		cfg.RetryEvery = time.Second
+	}
+	if cfg.OnDrop == nil {
+		cfg.OnDrop = func(int) {}
+	}
+	return &Handoff{cfg: cfg, enq: enq, logger: logger, pending: map[int64]time.Time{},
+		kick: make(chan struct{}, 1), done: make(chan struct{})}
+}
+
+// CollectSteps implements storage.Collector: it only records the steps.
+func (h *Handoff) CollectSteps(_ context.Context, steps []storage.UnreferencedStep) error {
+	h.mu.Lock()
+	for _, st := range steps {
+		if _, ok := h.pending[st.ID]; !ok {
+			h.order = append(h.order, st.ID)
+		}
+		h.pending[st.ID] = st.ObservedAt
+	}
+	dropped := h.dropOldestLocked()
+	h.mu.Unlock()
+	if dropped > 0 {
+		h.cfg.OnDrop(dropped)
+	}
+	select {
+	case h.kick <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+func (h *Handoff) dropOldestLocked() int {
+	n := 0
+	for len(h.pending) > h.cfg.MaxPending && len(h.order) > 0 {
+		if _, ok := h.pending[h.order[0]]; ok {
+			delete(h.pending, h.order[0])
+			n++
+		}
+		h.order = h.order[1:]
+	}
+	return n
+}
+
+// Pending is how many released steps wait to be enqueued.
+func (h *Handoff) Pending() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.pending)
+}
+
+// Run enqueues what arrives until ctx ends, then makes one last attempt
+// (bounded by the enqueue timeout) to hand over what is left.
+func (h *Handoff) Run(ctx context.Context) {
+	defer close(h.done)
+	for {
+		select {
+		case <-ctx.Done():
+			h.flush(context.WithoutCancel(ctx))
+			return
+		case <-h.kick:
+		}
+		// gather: everything released within the window rides along
+		select {
+		case <-ctx.Done():
+		case <-time.After(h.cfg.Window):
+		}
+		if !h.flush(ctx) {
+			select { // the queue is down: try again a little later
+			case <-ctx.Done():
+			case <-time.After(h.cfg.RetryEvery):
+			}
+			h.poke()
+		}
+	}
+}
+
+// Done is closed when Run has returned.
+func (h *Handoff) Done() <-chan struct{} { return h.done }
+
+func (h *Handoff) poke() {
+	select {
+	case h.kick <- struct{}{}:
+	default:
+	}
+}
+
+// flush enqueues everything pending, MaxPerTask steps a task. What cannot
+// be enqueued is put back. It reports whether everything went.
+func (h *Handoff) flush(ctx context.Context) bool {
+	h.mu.Lock()
+	batch := make([]storage.UnreferencedStep, 0, len(h.pending))
+	for _, id := range h.order {
+		if at, ok := h.pending[id]; ok {
+			batch = append(batch, storage.UnreferencedStep{ID: id, ObservedAt: at})
+		}
+	}
+	clear(h.pending)
+	h.order = h.order[:0]
+	h.mu.Unlock()
+
+	for len(batch) > 0 {
+		n := min(len(batch), h.cfg.MaxPerTask)
+		if err := h.enq.CollectSteps(ctx, batch[:n]); err != nil {
+			h.logger.Warn().Err(err).Int(logkeys.Count, len(batch)).Msg("handing released steps to the queue; keeping them to try again")
+			h.putBack(batch)
+			return false
+		}
+		batch = batch[n:]
+	}
+	return true
+}
+
+// putBack returns steps that could not be enqueued to the front of the
+// queue, unless a newer release of the same step arrived meanwhile.
+func (h *Handoff) putBack(steps []storage.UnreferencedStep) {
+	h.mu.Lock()
+	order := make([]int64, 0, len(steps)+len(h.order))
+	for _, st := range steps {
+		if _, newer := h.pending[st.ID]; !newer {
+			h.pending[st.ID] = st.ObservedAt
+			order = append(order, st.ID)
+		}
+	}
+	h.order = append(order, h.order...)
+	dropped := h.dropOldestLocked()
+	h.mu.Unlock()
+	if dropped > 0 {
+		h.cfg.OnDrop(dropped)
+	}
+}

@@ -1,0 +1,157 @@
+package tasks_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/stepcollect/stepcollect/storage"
+	"github.com/stepcollect/stepcollect/tasks"
+)
+
+// fakeQueue records each enqueue, failing while down.
+type fakeQueue struct {
+	mu    sync.Mutex
+	down  bool
+	calls [][]int64
+	fails int
+}
+
+func (q *fakeQueue) CollectSteps(_ context.Context, steps []storage.UnreferencedStep) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.down {
+		q.fails++
+		return errors.New("redis down")
+	}
+	ids := make([]int64, len(steps))
+	for i, st := range steps {
+		ids[i] = st.ID
+	}
+	q.calls = append(q.calls, ids)
+	return nil
+}
+
+func (q *fakeQueue) snapshot() (calls [][]int64, fails int) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return append([][]int64(nil), q.calls...), q.fails
+}
+
+func (q *fakeQueue) setDown(down bool) {
+	q.mu.Lock()
+	q.down = down
+	q.mu.Unlock()
+}
+
+func enqueued(calls [][]int64) map[int64]int {
+	seen := map[int64]int{}
+	for _, c := range calls {
+		for _, id := range c {
+			seen[id]++
+		}
+	}
+	return seen
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not within 10s: %s", what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+func startHandoff(t *testing.T, cfg tasks.HandoffConfig, q *fakeQueue) (*tasks.Handoff, context.CancelFunc) {
+	h := tasks.NewHandoff(cfg, q, zerolog.Nop())
+	ctx, cancel := context.WithCancel(context.Background())
+	go h.Run(ctx)
+	t.Cleanup(func() { cancel(); <-h.Done() })
+	return h, cancel
+}
+
+// Releases from many requests inside one window become one task, each step
+// once, however often it was released.
+func TestHandoffGathersReleasesIntoFewTasks(t *testing.T) {
+	q := &fakeQueue{}
+	h, _ := startHandoff(t, tasks.HandoffConfig{Window: 50 * time.Millisecond}, q)
+	var wg sync.WaitGroup
+	for i := range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			// 64 requests, each releasing its own step and the shared one
+			h.CollectSteps(context.Background(), []storage.UnreferencedStep{{ID: int64(i + 1)}, {ID: 1000}})
+		}()
+	}
+	wg.Wait()
+	waitFor(t, "all 65 steps enqueued", func() bool { c, _ := q.snapshot(); return len(enqueued(c)) == 65 })
+	calls, _ := q.snapshot()
+	if len(calls) > 3 {
+		t.Errorf("%d tasks for 64 releases within one window, want a few", len(calls))
+	}
+	for id, n := range enqueued(calls) {
+		if n != 1 {
+			t.Errorf("step %d enqueued %d times", id, n)
+		}
+	}
+}
+
+// While the queue is down nothing is lost: the steps are kept and enqueued
+// once it is back.
+func TestHandoffKeepsStepsWhileTheQueueIsDown(t *testing.T) {
+	q := &fakeQueue{down: true}
+	h, _ := startHandoff(t, tasks.HandoffConfig{Window: time.Millisecond, RetryEvery: 10 * time.Millisecond}, q)
+	for i := range 2500 {
+		h.CollectSteps(context.Background(), []storage.UnreferencedStep{{ID: int64(i + 1)}})
+	}
+	waitFor(t, "a failed enqueue", func() bool { _, f := q.snapshot(); return f > 0 })
+	if h.Pending() != 2500 {
+		t.Fatalf("%d pending while the queue is down, want all 2500 kept", h.Pending())
+	}
+	q.setDown(false)
+	waitFor(t, "every step enqueued after the queue returned", func() bool { c, _ := q.snapshot(); return len(enqueued(c)) == 2500 })
+	calls, _ := q.snapshot()
+	for _, c := range calls {
+		if len(c) > 1000 {
+			t.Errorf("a task of %d steps, more than MaxPerTask 1000", len(c))
+		}
+	}
+}
+
+// Past MaxPending the oldest are dropped, and counted: the sweeper's.
+func TestHandoffDropsTheOldestPastItsBoundAndCountsThem(t *testing.T) {
+	q := &fakeQueue{down: true}
+	var mu sync.Mutex
+	dropped := 0
+	h, _ := startHandoff(t, tasks.HandoffConfig{MaxPending: 100, RetryEvery: time.Hour,
+		OnDrop: func(n int) { mu.Lock(); dropped += n; mu.Unlock() }}, q)
+	for i := range 150 {
+		h.CollectSteps(context.Background(), []storage.UnreferencedStep{{ID: int64(i + 1)}})
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if h.Pending() != 100 || dropped != 50 {
+		t.Errorf("pending %d, dropped %d; want 100 and 50", h.Pending(), dropped)
+	}
+}
+
+// Stopping hands over what is still pending.
+func TestHandoffFlushesOnStop(t *testing.T) {
+	q := &fakeQueue{}
+	h, cancel := startHandoff(t, tasks.HandoffConfig{Window: time.Hour}, q)
+	h.CollectSteps(context.Background(), []storage.UnreferencedStep{{ID: 7}})
+	waitFor(t, "the kick taken", func() bool { return true })
+	cancel()
+	<-h.Done()
+	if calls, _ := q.snapshot(); len(enqueued(calls)) != 1 {
+		t.Errorf("enqueued %v on stop, want step 7", calls)
+	}
+}
