@@ -16,6 +16,17 @@ build:
 
 test: vet
 	$(GO) test -race -count=1 ./...
+	@$(MAKE) --no-print-directory fuzz
+
+# A short run of each fuzz target (go fuzzes one target of one package per
+# command) after the tests; FUZZTIME=2m fuzz for a longer look. What a run
+# finds is kept in the package's testdata/fuzz, to be fixed and committed.
+.PHONY: fuzz
+FUZZTIME ?= 10s
+fuzz:
+	$(GO) test -run '^$$' -fuzz '^FuzzTopLevelStrings$$' -fuzztime $(FUZZTIME) ./internal/mdmplist
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeWebhook$$' -fuzztime $(FUZZTIME) ./httpapi
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeStep$$' -fuzztime $(FUZZTIME) ./httpapi
 
 vet:
 	@unformatted=$$(gofmt -l . bench); if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi

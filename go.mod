@@ -13,6 +13,7 @@ require (
 	github.com/prometheus/client_model v0.6.3
 	github.com/prometheus/common v0.66.1
 	github.com/rs/zerolog v1.34.0
+	golang.org/x/sync v0.21.0
 	gopkg.in/yaml.v3 v3.0.1
 )
 
@@ -35,7 +36,6 @@ require (
 	github.com/spf13/cast v1.10.0 // indirect
 	go.uber.org/multierr v1.11.0 // indirect
 	go.yaml.in/yaml/v2 v2.4.5 // indirect
-	golang.org/x/sync v0.21.0 // indirect
 	golang.org/x/sys v0.49.0 // indirect
 	golang.org/x/time v0.14.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
@@ -43,5 +43,6 @@ require (
 
 // NanoCMD v0.7.1 requires plist v0.4.0, which the module proxy this project
 // builds from does not serve. Nothing stepcollect builds of NanoCMD imports
-// plist; the webhook decoder does, and v0.2.2 has the same Unmarshal.
+// plist; stepcollect's own decoder (internal/mdmplist) does not either, and
+// its tests compare it with v0.2.2's Unmarshal, the same as v0.4.0's.
 replace github.com/micromdm/plist => github.com/micromdm/plist v0.2.2

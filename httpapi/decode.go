@@ -6,10 +6,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"strings"
 
-	"github.com/micromdm/plist"
-
+	"github.com/stepcollect/stepcollect/internal/mdmplist"
 	"github.com/stepcollect/stepcollect/storage"
 )
 
@@ -51,18 +51,67 @@ type wireEvent struct {
 }
 
 type wirePayload struct {
-	UDID         string  `json:"udid"`
-	EnrollmentID string  `json:"enrollment_id"`
-	Status       string  `json:"status"`
-	CommandUUID  string  `json:"command_uuid"`
-	RawPayload   *string `json:"raw_payload"`
+	UDID         string      `json:"udid"`
+	EnrollmentID string      `json:"enrollment_id"`
+	Status       string      `json:"status"`
+	CommandUUID  string      `json:"command_uuid"`
+	RawPayload   base64Field `json:"raw_payload"`
 }
 
-// resultPlist is what is read from a command result's plist.
-type resultPlist struct {
-	Status      string
-	CommandUUID string
+// base64Field is a JSON string of standard base64, decoded straight from
+// the body: the payload (up to the body limit) is not first copied into a
+// string. A base64 error is kept for rawPayload to report with the field's
+// name, as it did when the field was a string.
+type base64Field struct {
+	raw     []byte
+	present bool // a non-empty string
+	err     error
 }
+
+var stringType = reflect.TypeFor[string]()
+
+func (f *base64Field) UnmarshalJSON(data []byte) error {
+	switch data[0] {
+	case 'n':
+		return nil // null: missing
+	case '"':
+	default:
+		// what encoding/json says of a string field given another type; it
+		// adds the field's name
+		kind := "number"
+		switch data[0] {
+		case '{':
+			kind = "object"
+		case '[':
+			kind = "array"
+		case 't', 'f':
+			kind = "bool"
+		}
+		return &json.UnmarshalTypeError{Value: kind, Type: stringType}
+	}
+	text := data[1 : len(data)-1]
+	if bytes.IndexByte(text, '\\') >= 0 { // escapes (never in base64 from NanoMDM): unquote first
+		var s string
+		if err := json.Unmarshal(data, &s); err != nil {
+			return err
+		}
+		text = []byte(s)
+	}
+	if f.present = len(text) > 0; !f.present {
+		return nil
+	}
+	f.raw = make([]byte, base64.StdEncoding.DecodedLen(len(text)))
+	n, err := base64.StdEncoding.Decode(f.raw, text)
+	f.raw, f.err = f.raw[:n], err
+	return nil
+}
+
+// The plist keys read; the rest of a plist is checked, not decoded.
+const (
+	keyStatus      = "Status"
+	keyCommandUUID = "CommandUUID"
+	keyMessageType = "MessageType"
+)
 
 // DecodeWebhook decodes one webhook body and decides what it asks for. Every
 // error is a storage.EInvalid *storage.Error whose one-line message names
@@ -95,11 +144,11 @@ func decodeResult(ev *WebhookEvent, p *wirePayload) (*WebhookEvent, error) {
 	if err != nil {
 		return nil, err
 	}
-	var r resultPlist
-	if err := plist.Unmarshal(raw, &r); err != nil {
+	r, err := mdmplist.TopLevelStrings(raw, mdmplist.DefaultLimits, keyStatus, keyCommandUUID)
+	if err != nil {
 		return nil, invalid(field + ".raw_payload: not a plist: " + oneLine(err.Error()))
 	}
-	ev.Raw, ev.Status = raw, r.Status
+	ev.Raw, ev.Status = raw, r[keyStatus]
 	if ev.Status == "" {
 		return nil, invalid(field + ".raw_payload: the result plist has no Status")
 	}
@@ -113,7 +162,7 @@ func decodeResult(ev *WebhookEvent, p *wirePayload) (*WebhookEvent, error) {
 	}
 	ev.CommandUUID = p.CommandUUID
 	if ev.CommandUUID == "" {
-		ev.CommandUUID = r.CommandUUID
+		ev.CommandUUID = r[keyCommandUUID]
 	}
 	if ev.CommandUUID == "" {
 		return nil, invalid(field + ".command_uuid: missing (and none in the result plist)")
@@ -131,8 +180,7 @@ func decodeCheckin(ev *WebhookEvent, p *wirePayload) (*WebhookEvent, error) {
 	if err != nil {
 		return nil, err
 	}
-	var msg struct{ MessageType string }
-	if err := plist.Unmarshal(raw, &msg); err != nil {
+	if _, err := mdmplist.TopLevelStrings(raw, mdmplist.DefaultLimits, keyMessageType); err != nil {
 		return nil, invalid(field + ".raw_payload: not a plist: " + oneLine(err.Error()))
 	}
 	ev.Raw = raw
@@ -152,14 +200,14 @@ func enrollmentID(p *wirePayload) string {
 	return p.EnrollmentID
 }
 
-func rawPayload(field string, s *string) ([]byte, error) {
-	if s == nil || *s == "" {
+func rawPayload(field string, f base64Field) ([]byte, error) {
+	if !f.present {
 		return nil, invalid(field + ".raw_payload: missing")
 	}
-	raw, err := base64.StdEncoding.DecodeString(*s)
-	if err != nil {
-		return nil, invalid(field + ".raw_payload: not standard base64: " + err.Error())
+	if f.err != nil {
+		return nil, invalid(field + ".raw_payload: not standard base64: " + f.err.Error())
 	}
+	raw := f.raw
 	if len(bytes.TrimSpace(raw)) == 0 {
 		return nil, invalid(field + ".raw_payload: empty")
 	}

@@ -6,12 +6,16 @@ import (
 	"testing"
 
 	"github.com/stepcollect/stepcollect/httpapi"
+	"github.com/stepcollect/stepcollect/internal/mdmplist/plisttest"
 	"github.com/stepcollect/stepcollect/storage"
 )
 
 // FuzzDecodeWebhook: whatever the body, the decoder does not panic; an
 // error is a one-line "invalid" naming a field; a decoded event is
-// consistent with its action. `make test` runs the seed corpus;
+// consistent with its action. The seeds include results whose raw_payload
+// is each hostile plist of plisttest.Hostile (ones that once killed the
+// process), an XML plist nested 100 000 deep, and valid binary results.
+// `make test` runs the seed corpus, then `make fuzz` explores a little;
 // `go test -fuzz FuzzDecodeWebhook ./httpapi` explores.
 func FuzzDecodeWebhook(f *testing.F) {
 	for _, s := range []string{
@@ -22,8 +26,15 @@ func FuzzDecodeWebhook(f *testing.F) {
 		`{"topic":"mdm.TokenUpdate","checkin_event":{}}`,
 		`{"topic":"mdm.Connect","acknowledge_event":{"udid":"D","raw_payload":"PHBsaXN0"}}`,
 		`{"topic":7}`, `[]`, `null`, ``, `{`, "\x00\xff",
+		ackBody(plisttest.ResultBinary("Acknowledged", "U-1", "DEV-1")),
+		ackBody(plisttest.ResultBinary("Error", "", "DEV-1")),
+		ackBody(plisttest.Build(1, plisttest.Array(1, 0))), // an array that contains itself
+		ackBody(plisttest.DeepXML(100000)),
 	} {
 		f.Add([]byte(s))
+	}
+	for _, tc := range plisttest.Hostile() {
+		f.Add([]byte(ackBody(tc.Data)))
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
 		ev, err := httpapi.DecodeWebhook(body)
