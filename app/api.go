@@ -29,6 +29,12 @@ type APIConfig struct {
 	LogFormat      string
 	// MySQLMaxConns bounds the pool (default 64).
 	MySQLMaxConns int
+	// MaxInflightBodyBytes bounds the working memory of bodies being read
+	// and decoded at once (default httpapi.DefaultMaxInflightBodyBytes).
+	MaxInflightBodyBytes int64
+	// MaxStepIDs, MaxStepCommands and MaxStepRows bound one POST /v1/steps
+	// (defaults httpapi.DefaultMaxStep*).
+	MaxStepIDs, MaxStepCommands, MaxStepRows int
 }
 
 // ParseAPIConfig reads the API's flags, with environment fallbacks.
@@ -36,9 +42,14 @@ func ParseAPIConfig(args []string, getenv func(string) string) (APIConfig, *conf
 	s := config.New("api", getenv)
 	common := addCommonFlags(s)
 	listen := s.String("listen", "STEPCOLLECT_LISTEN", "127.0.0.1:9100", "address for the webhook, /v1, health and /metrics")
-	apiKey := s.String("api-key", "STEPCOLLECT_API_KEY", "", "API key for /v1/* (Bearer, or basic-auth password); none: /v1 answers 401")
-	hmacKey := s.String("webhook-hmac-key", "STEPCOLLECT_WEBHOOK_HMAC_KEY", "", "NanoMDM's -webhook-hmac-key; none: webhook bodies are not verified")
+	apiKey := s.Secret("api-key", "STEPCOLLECT_API_KEY", "API key for /v1/* (Bearer, or basic-auth password); none: /v1 answers 401")
+	hmacKey := s.Secret("webhook-hmac-key", "STEPCOLLECT_WEBHOOK_HMAC_KEY", "NanoMDM's -webhook-hmac-key; none: webhook bodies are not verified")
 	maxBody := s.Int("max-body-bytes", "STEPCOLLECT_MAX_BODY_BYTES", httpapi.DefaultMaxBody, "largest request body accepted (413 above)")
+	inflight := s.Int("max-inflight-body-bytes", "STEPCOLLECT_MAX_INFLIGHT_BODY_BYTES", httpapi.DefaultMaxInflightBodyBytes,
+		"working memory of the webhook and /v1/steps bodies read and decoded at once; more requests wait (at least -max-body-bytes)")
+	stepIDs := s.Int("max-step-ids", "STEPCOLLECT_MAX_STEP_IDS", httpapi.DefaultMaxStepIDs, "most ids in one POST /v1/steps (413 above)")
+	stepCommands := s.Int("max-step-commands", "STEPCOLLECT_MAX_STEP_COMMANDS", httpapi.DefaultMaxStepCommands, "most commands in one POST /v1/steps (413 above)")
+	stepRows := s.Int("max-step-rows", "STEPCOLLECT_MAX_STEP_ROWS", httpapi.DefaultMaxStepRows, "most ids x commands in one POST /v1/steps (413 above)")
 	s.Check(config.ListenAddr("listen", listen))
 	s.Check(func() error {
 		if *maxBody < 1024 {
@@ -46,25 +57,48 @@ func ParseAPIConfig(args []string, getenv func(string) string) (APIConfig, *conf
 		}
 		return nil
 	})
+	s.Check(func() error {
+		if *inflight < *maxBody {
+			return fmt.Errorf("-max-inflight-body-bytes: %d is less than -max-body-bytes (%d), so the largest body could never be read", *inflight, *maxBody)
+		}
+		return nil
+	})
+	for _, f := range []struct {
+		name string
+		v    *int
+	}{{"max-step-ids", stepIDs}, {"max-step-commands", stepCommands}, {"max-step-rows", stepRows}} {
+		s.Check(func() error {
+			if *f.v < 1 {
+				return fmt.Errorf("-%s: %d is less than 1", f.name, *f.v)
+			}
+			return nil
+		})
+	}
 	if err := s.Parse(args); err != nil {
 		return APIConfig{}, s, err
 	}
 	return APIConfig{
 		MySQLDSN: *common.dsn, RedisURL: *common.redis, Migrate: *common.migrate, Listen: *listen, APIKey: *apiKey,
-		WebhookHMACKey: *hmacKey, MaxBodyBytes: int64(*maxBody), LogLevel: *common.level, LogFormat: *common.format,
-		MySQLMaxConns: *common.maxConns,
+		WebhookHMACKey: *hmacKey, MaxBodyBytes: int64(*maxBody), MaxInflightBodyBytes: int64(*inflight),
+		MaxStepIDs: *stepIDs, MaxStepCommands: *stepCommands, MaxStepRows: *stepRows,
+		LogLevel: *common.level, LogFormat: *common.format, MySQLMaxConns: *common.maxConns,
 	}, s, nil
 }
+
+// requestTimeout bounds reading a request and writing its answer: a 32 MiB
+// result over a slow link.
+const requestTimeout = 2 * time.Minute
 
 // API is the HTTP service: NanoMDM's webhook, the workflow engine's /v1,
 // health and metrics, on one listener.
 type API struct {
-	cfg    APIConfig
-	logger zerolog.Logger
-	db     *sql.DB
-	enq    *tasks.Enqueuer
-	http   *http.Server
-	ln     net.Listener
+	cfg     APIConfig
+	handoff *tasks.Handoff
+	logger  zerolog.Logger
+	db      *sql.DB
+	enq     *tasks.Enqueuer
+	http    *http.Server
+	ln      net.Listener
 }
 
 // NewAPI connects to MySQL (migrating it if configured), prepares the
@@ -77,14 +111,21 @@ func NewAPI(ctx context.Context, cfg APIConfig, logger zerolog.Logger) (*API, er
 	}
 	db, enq, m := d.db, d.enq, d.metrics
 	handler := httpapi.New(httpapi.Config{
-		Store:          d.store,
-		Logger:         logger.With().Str("component", "http").Logger(),
-		APIKey:         cfg.APIKey,
-		WebhookHMACKey: []byte(cfg.WebhookHMACKey),
-		MaxBody:        cfg.MaxBodyBytes,
-		Ready:          readyChecks(db, enq),
-		Metrics:        m.API,
-		Gatherer:       m.Registry,
+		Store:                d.store,
+		Logger:               logger.With().Str("component", "http").Logger(),
+		APIKey:               cfg.APIKey,
+		WebhookHMACKey:       []byte(cfg.WebhookHMACKey),
+		MaxBody:              cfg.MaxBodyBytes,
+		MaxInflightBodyBytes: cfg.MaxInflightBodyBytes,
+		// A request that waited for the body budget gets the server's
+		// timeouts again from when it has its share.
+		BodyTimeout:     requestTimeout,
+		MaxStepIDs:      cfg.MaxStepIDs,
+		MaxStepCommands: cfg.MaxStepCommands,
+		MaxStepRows:     cfg.MaxStepRows,
+		Ready:           readyChecks(db, enq, false),
+		Metrics:         m.API,
+		Gatherer:        m.Registry,
 	})
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
@@ -93,12 +134,12 @@ func NewAPI(ctx context.Context, cfg APIConfig, logger zerolog.Logger) (*API, er
 		return nil, fmt.Errorf("-listen: %w", err)
 	}
 	return &API{
-		cfg: cfg, logger: logger, db: db, enq: enq, ln: ln,
+		cfg: cfg, logger: logger, db: db, enq: enq, ln: ln, handoff: d.handoff,
 		http: &http.Server{
 			Handler:           handler,
 			ReadHeaderTimeout: 10 * time.Second,
-			ReadTimeout:       2 * time.Minute, // a 32 MiB result over a slow link
-			WriteTimeout:      2 * time.Minute,
+			ReadTimeout:       requestTimeout,
+			WriteTimeout:      requestTimeout,
 			IdleTimeout:       2 * time.Minute,
 		},
 	}, nil
@@ -112,6 +153,11 @@ func (a *API) Addr() string { return a.ln.Addr().String() }
 func (a *API) Run(ctx context.Context) error {
 	defer a.db.Close()
 	defer a.enq.Close()
+	// The hand-off outlives the listener: what the last requests released
+	// is enqueued after they are answered.
+	hctx, stopHandoff := context.WithCancel(context.WithoutCancel(ctx))
+	go a.handoff.Run(hctx)
+	defer func() { stopHandoff(); <-a.handoff.Done() }()
 	errc := make(chan error, 1)
 	go func() { errc <- a.http.Serve(a.ln) }()
 	a.logger.Info().Str("listen", "http://"+a.Addr()).Bool("api_key_set", a.cfg.APIKey != "").

@@ -100,7 +100,7 @@ func startService(t *testing.T, callbackURL string, mod func(*app.WorkerConfig))
 	wcfg := app.WorkerConfig{
 		MySQLDSN: s.db.DSN, RedisURL: s.redis.URL, Migrate: true, MetricsListen: "127.0.0.1:0", Concurrency: 8,
 		SweepInterval: time.Second, ScheduleInterval: time.Second, CallbackURL: callbackURL, CallbackHMACKey: callbackKey,
-		ShutdownTimeout: 2 * time.Second, MySQLMaxConns: 16, EventGrace: time.Second,
+		ShutdownTimeout: 2 * time.Second, MySQLMaxConns: 16,
 	}
 	if mod != nil {
 		mod(&wcfg)

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/hibiken/asynq"
 	"github.com/rs/zerolog"
@@ -27,8 +28,8 @@ type commonFlags struct {
 
 func addCommonFlags(s *config.Set) *commonFlags {
 	f := &commonFlags{
-		dsn:      s.String("mysql-dsn", "STEPCOLLECT_MYSQL_DSN", DefaultMySQLDSN, "MySQL/MariaDB DSN (go-sql-driver form)"),
-		redis:    s.String("redis-url", "STEPCOLLECT_REDIS_URL", DefaultRedisURL, "Redis URL: redis://, rediss:// or redis-sentinel://"),
+		dsn:      s.DSN("mysql-dsn", "STEPCOLLECT_MYSQL_DSN", DefaultMySQLDSN, "MySQL/MariaDB DSN (go-sql-driver form)"),
+		redis:    s.URL("redis-url", "STEPCOLLECT_REDIS_URL", DefaultRedisURL, "Redis URL: redis://, rediss:// or redis-sentinel://"),
 		migrate:  s.Bool("migrate", "STEPCOLLECT_MIGRATE", true, "apply the embedded schema migrations at start"),
 		maxConns: s.Int("mysql-max-conns", "STEPCOLLECT_MYSQL_MAX_CONNS", 64, "most MySQL connections this process opens (every replica's count adds up against max_connections)"),
 		level:    s.String("log-level", "STEPCOLLECT_LOG_LEVEL", "info", "debug, info, warn or error"),
@@ -102,13 +103,15 @@ type deps struct {
 	redisOpt asynq.RedisConnOpt
 	metrics  *metrics.Set
 	enq      *tasks.Enqueuer
+	handoff  *tasks.Handoff // the api's, nil in the worker
 	db       *sql.DB
 	store    *stepmysql.Storage
 }
 
-// openDeps opens them. With collectViaQueue the storage hands unreferenced
-// steps to the queue (the api, where results arrive) instead of collecting
-// them itself.
+// openDeps opens them. With collectViaQueue the storage hands released
+// steps to a Handoff (the api, where results arrive), which batches them
+// onto the queue off the request path, instead of collecting them itself.
+// Events are not handed anywhere: the worker's dispatcher polls the outbox.
 func openDeps(ctx context.Context, redisURL, dsn string, maxConns int, migrate, collectViaQueue bool, logger zerolog.Logger) (*deps, error) {
 	redisOpt, err := asynq.ParseRedisURI(redisURL)
 	if err != nil {
@@ -116,14 +119,22 @@ func openDeps(ctx context.Context, redisURL, dsn string, maxConns int, migrate, 
 	}
 	d := &deps{redisOpt: redisOpt, metrics: newMetrics(redisOpt)}
 	d.enq = tasks.NewEnqueuer(redisOpt, tasks.OnEnqueueFailure(d.metrics.Enqueue.Failed))
-	opts := []stepmysql.Option{stepmysql.WithObserver(d.metrics.Storage), stepmysql.WithOutbox(), stepmysql.WithEventSink(d.enq)}
+	opts := []stepmysql.Option{stepmysql.WithObserver(d.metrics.Storage), stepmysql.WithOutbox()}
 	if collectViaQueue {
-		opts = append(opts, stepmysql.WithCollector(d.enq))
+		d.handoff = tasks.NewHandoff(tasks.HandoffConfig{OnDrop: func(n int) { d.metrics.Enqueue.HandoffDropped.Add(float64(n)) }},
+			d.enq, logger.With().Str("component", "handoff").Logger())
+		opts = append(opts, stepmysql.WithCollector(d.handoff))
 	}
 	if d.db, d.store, err = openStorage(ctx, dsn, maxConns, migrate, logger, opts...); err != nil {
 		d.enq.Close()
 		return nil, err
 	}
+	d.metrics.Up("mysql", func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		return d.db.PingContext(ctx)
+	})
+	d.metrics.Up("redis", d.enq.Ping)
 	return d, nil
 }
 

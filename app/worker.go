@@ -53,9 +53,6 @@ type WorkerConfig struct {
 	ShutdownTimeout time.Duration
 	// MySQLMaxConns bounds the pool (default 64).
 	MySQLMaxConns int
-	// EventGrace is how old an undelivered, never-claimed event must be
-	// before the sweeper offers it again (default 30s).
-	EventGrace time.Duration
 }
 
 // ParseWorkerConfig reads the worker's flags, with environment fallbacks.
@@ -67,8 +64,8 @@ func ParseWorkerConfig(args []string, getenv func(string) string) (WorkerConfig,
 	conc := s.Int("concurrency", "STEPCOLLECT_CONCURRENCY", 4*runtime.NumCPU(), "tasks processed at once (collection waits on MySQL, not CPU)")
 	sweep := s.Duration("sweep-interval", "STEPCOLLECT_SWEEP_INTERVAL", 30*time.Second, "time between sweeps across all replicas; 0 disables the sweeper")
 	schedule := s.Duration("schedule-interval", "STEPCOLLECT_SCHEDULE_INTERVAL", 10*time.Second, "how often step timeouts and not_until are acted on, across all replicas; 0 disables")
-	callback := s.String("callback-url", "STEPCOLLECT_CALLBACK_URL", "", "where events are POSTed; none: events wait in the outbox")
-	callbackKey := s.String("callback-hmac-key", "STEPCOLLECT_CALLBACK_HMAC_KEY", "", "signs each callback body (X-Stepcollect-Signature)")
+	callback := s.URL("callback-url", "STEPCOLLECT_CALLBACK_URL", "", "where events are POSTed; none: events wait in the outbox")
+	callbackKey := s.Secret("callback-hmac-key", "STEPCOLLECT_CALLBACK_HMAC_KEY", "signs each callback body (X-Stepcollect-Signature)")
 	s.Check(config.ListenAddr("metrics-listen", listen))
 	s.Check(config.HTTPURL("callback-url", callback))
 	s.Check(func() error {
@@ -101,6 +98,7 @@ type Worker struct {
 	deliverer  *asynq.Server // deliveries, so a hung receiver never holds up collection
 	deliverMux *asynq.ServeMux
 	sweeper    *collector.Sweeper
+	dispatcher *delivery.Dispatcher
 	scheduler  *scheduler.Scheduler
 	http       *http.Server
 	ln         net.Listener
@@ -116,7 +114,9 @@ func NewWorker(ctx context.Context, cfg WorkerConfig, logger zerolog.Logger) (*W
 	redisOpt, m, enq, db, store := d.redisOpt, d.metrics, d.enq, d.db, d.store
 
 	w := &Worker{cfg: cfg, logger: logger, db: db, store: store, enq: enq}
-	w.sweeper = collector.NewSweeper(collector.SweeperConfig{Interval: cfg.SweepInterval, OfferEvents: cfg.CallbackURL != "", EventGrace: cfg.EventGrace},
+	// Events are offered by the dispatcher, which polls the outbox; the
+	// sweeper only counts them.
+	w.sweeper = collector.NewSweeper(collector.SweeperConfig{Interval: cfg.SweepInterval},
 		store, enq, m.Sweeper, m.Delivery, logger.With().Str("component", "sweeper").Logger())
 	w.scheduler = scheduler.New(cfg.ScheduleInterval, store, enq, logger.With().Str("component", "scheduler").Logger())
 
@@ -126,9 +126,13 @@ func NewWorker(ctx context.Context, cfg WorkerConfig, logger zerolog.Logger) (*W
 	w.mux.Handle(tasks.TypeSchedule, w.scheduler)
 	w.srv = asynq.NewServer(redisOpt, asynqConfig(cfg, tasks.Queues(), logger.With().Str("component", "asynq").Logger()))
 
+	deliverer := delivery.New(delivery.Config{URL: cfg.CallbackURL, HMACKey: []byte(cfg.CallbackHMACKey)},
+		store, m.Delivery, logger.With().Str("component", "delivery").Logger())
+	w.dispatcher = delivery.NewDispatcher(delivery.DispatchConfig{Drain: cfg.ShutdownTimeout}, deliverer, store)
+	// Per-event deliver tasks are no longer enqueued; this drains any that
+	// an older api or worker left on the queue.
 	deliverMux := asynq.NewServeMux()
-	deliverMux.Handle(tasks.TypeDeliver, delivery.New(delivery.Config{URL: cfg.CallbackURL, HMACKey: []byte(cfg.CallbackHMACKey)},
-		store, m.Delivery, logger.With().Str("component", "delivery").Logger()))
+	deliverMux.Handle(tasks.TypeDeliver, deliverer)
 	w.deliverer = asynq.NewServer(redisOpt, asynqConfig(cfg, map[string]int{tasks.QueueDeliver: 1},
 		logger.With().Str("component", "asynq_delivery").Logger()))
 	w.deliverMux = deliverMux
@@ -141,7 +145,7 @@ func NewWorker(ctx context.Context, cfg WorkerConfig, logger zerolog.Logger) (*W
 	hm := http.NewServeMux()
 	hm.Handle("GET /metrics", promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{Registry: m.Registry}))
 	hm.HandleFunc("GET /healthz", func(rw http.ResponseWriter, _ *http.Request) { rw.WriteHeader(http.StatusOK) })
-	hm.HandleFunc("GET /readyz", httpapi.ReadyHandler(readyChecks(db, enq)))
+	hm.HandleFunc("GET /readyz", httpapi.ReadyHandler(readyChecks(db, enq, true)))
 	w.http = &http.Server{Handler: hm, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
 		WriteTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute}
 	return w, nil
@@ -167,9 +171,10 @@ func (w *Worker) Run(ctx context.Context) error {
 		w.srv.Shutdown()
 		return fmt.Errorf("starting asynq delivery server: %w", err)
 	}
-	tickers := make(chan struct{}, 2)
+	tickers := make(chan struct{}, 3)
 	go func() { w.sweeper.Run(ctx); tickers <- struct{}{} }()
 	go func() { w.scheduler.Run(ctx); tickers <- struct{}{} }()
+	go func() { w.dispatcher.Run(ctx); tickers <- struct{}{} }()
 	callback := w.cfg.CallbackURL
 	if callback == "" {
 		callback = "none: events wait in the outbox"
@@ -187,6 +192,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	w.logger.Info().Msg("worker stopping")
 	w.srv.Shutdown()
 	w.deliverer.Shutdown()
+	<-tickers
 	<-tickers
 	<-tickers
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -279,11 +285,14 @@ func openStorage(ctx context.Context, dsn string, maxConns int, migrate bool, lo
 // errUnknownDatabase is MySQL's "Unknown database".
 const errUnknownDatabase = 1049
 
-// readyChecks are what /readyz asks of both services: MySQL and Redis.
-func readyChecks(db *sql.DB, enq *tasks.Enqueuer) []httpapi.Check {
+// readyChecks are what /readyz asks: MySQL and Redis. The worker needs
+// both; the api needs MySQL alone (it commits results while Redis is down,
+// and its hand-off keeps what Redis cannot take yet), so for it Redis is
+// informational.
+func readyChecks(db *sql.DB, enq *tasks.Enqueuer, needRedis bool) []httpapi.Check {
 	return []httpapi.Check{
 		{Name: "mysql", Probe: db.PingContext},
-		{Name: "redis", Probe: func(context.Context) error { return enq.Ping() }},
+		{Name: "redis", Probe: func(context.Context) error { return enq.Ping() }, Informational: !needRedis},
 	}
 }
 

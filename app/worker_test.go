@@ -10,6 +10,7 @@ import (
 
 	"github.com/hibiken/asynq"
 	nanostorage "github.com/micromdm/nanocmd/engine/storage"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/rs/zerolog"
 
 	"github.com/stepcollect/stepcollect/app"
@@ -155,10 +156,15 @@ func TestFanOutOf300CollectedThroughTheQueueWithTheSweeperOff(t *testing.T) {
 			t.Fatalf("round %d: not collected after %v: %+v", round, took, countRows(t, b.db.DB))
 		}
 	}
-	fams, err := scrape.Families(metricsURL)
-	if err != nil {
-		t.Fatal(err)
-	}
+	// the counters move just after the deletes commit: wait for them
+	var fams map[string]*dto.MetricFamily
+	await(t, 10*time.Second, "the worker to count 20 collected steps and their lag", func() bool {
+		var err error
+		if fams, err = scrape.Families(metricsURL); err != nil {
+			t.Fatal(err)
+		}
+		return scrape.Value(fams, "stepcollect_steps_collected_total") >= 20 && scrape.Value(fams, "stepcollect_collection_lag_seconds") >= 20
+	})
 	if got := scrape.Value(fams, "stepcollect_steps_collected_total"); got != 20 {
 		t.Errorf("worker collected %v steps, want 20", got)
 	}

@@ -10,8 +10,8 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/base64"
-	"errors"
 	"net/http"
+	"strings"
 	"time"
 
 	nanostorage "github.com/micromdm/nanocmd/engine/storage"
@@ -35,6 +35,10 @@ type Store interface {
 type Check struct {
 	Name  string
 	Probe func(ctx context.Context) error
+	// Informational checks are reported in /readyz's body but do not make
+	// it fail: the api commits results without Redis, so a load balancer
+	// must not pull it for a Redis outage.
+	Informational bool
 }
 
 // Config configures the handler.
@@ -47,6 +51,20 @@ type Config struct {
 	WebhookHMACKey []byte
 	// MaxBody bounds a request body. Default 32 MiB.
 	MaxBody int64
+	// MaxInflightBodyBytes bounds the working memory of the webhook and
+	// /v1/steps bodies being read and decoded at once; a request waits for
+	// its share before its body is read. Default 256 MiB; never less than
+	// MaxBody.
+	MaxInflightBodyBytes int64
+	// BodyTimeout is how long a request that had to wait for its share of
+	// MaxInflightBodyBytes then has to send its body and be answered: the
+	// server's ReadTimeout and WriteTimeout, restarted so that waiting
+	// costs no result. Default 2 minutes.
+	BodyTimeout time.Duration
+	// MaxStepIDs, MaxStepCommands and MaxStepRows bound one POST /v1/steps:
+	// its ids, its commands and ids x commands (413 above). Defaults
+	// DefaultMaxStepIDs, DefaultMaxStepCommands, DefaultMaxStepRows.
+	MaxStepIDs, MaxStepCommands, MaxStepRows int
 	// Ready lists what /readyz checks.
 	Ready []Check
 	// Metrics is the API's metrics; Gatherer serves /metrics.
@@ -58,10 +76,20 @@ type Config struct {
 // list, an installed application list) can be large.
 const DefaultMaxBody = 32 << 20
 
+// DefaultMaxInflightBodyBytes is the default budget of body working memory:
+// a few of the largest results at once, thousands of ordinary ones.
+const DefaultMaxInflightBodyBytes = 256 << 20
+
+// DefaultBodyTimeout is the default BodyTimeout: a 32 MiB result over a
+// slow link.
+const DefaultBodyTimeout = 2 * time.Minute
+
 // Server is the HTTP API.
 type Server struct {
-	cfg Config
-	mux *http.ServeMux
+	cfg        Config
+	mux        *http.ServeMux
+	budget     *bodyBudget
+	stepLimits stepLimits
 }
 
 // New returns the API's handler.
@@ -69,9 +97,30 @@ func New(cfg Config) *Server {
 	if cfg.MaxBody <= 0 {
 		cfg.MaxBody = DefaultMaxBody
 	}
-	s := &Server{cfg: cfg, mux: http.NewServeMux()}
-	s.handle("POST /webhook", "webhook", s.webhook)
-	s.handle("POST /v1/steps", "enqueue_step", s.auth(s.enqueueStep))
+	if cfg.MaxInflightBodyBytes <= 0 {
+		cfg.MaxInflightBodyBytes = DefaultMaxInflightBodyBytes
+	}
+	cfg.MaxInflightBodyBytes = max(cfg.MaxInflightBodyBytes, cfg.MaxBody)
+	if cfg.BodyTimeout <= 0 {
+		cfg.BodyTimeout = DefaultBodyTimeout
+	}
+	lim := stepLimits{ids: cfg.MaxStepIDs, commands: cfg.MaxStepCommands, rows: cfg.MaxStepRows}
+	if lim.ids <= 0 {
+		lim.ids = DefaultMaxStepIDs
+	}
+	if lim.commands <= 0 {
+		lim.commands = DefaultMaxStepCommands
+	}
+	if lim.rows <= 0 {
+		lim.rows = DefaultMaxStepRows
+	}
+	var gauge prometheus.Gauge
+	if cfg.Metrics != nil {
+		gauge = cfg.Metrics.InflightBodyBytes
+	}
+	s := &Server{cfg: cfg, mux: http.NewServeMux(), budget: newBodyBudget(cfg.MaxInflightBodyBytes, gauge), stepLimits: lim}
+	s.handle("POST /webhook", "webhook", s.budgeted(s.webhook))
+	s.handle("POST /v1/steps", "enqueue_step", s.auth(s.budgeted(s.enqueueStep)))
 	s.handle("GET /v1/steps/{step_id}", "step_status", s.auth(s.stepStatus))
 	s.handle("DELETE /v1/enrollments/{id}/steps", "cancel_steps", s.auth(s.cancelSteps))
 	s.handle("/v1/", "v1_other", s.auth(func(w http.ResponseWriter, r *http.Request) {
@@ -135,22 +184,31 @@ func validHMAC(key, body []byte, header string) bool {
 	return hmac.Equal(got, mac.Sum(nil))
 }
 
-// ReadyHandler answers 200 when every check passes, else 503 naming each
-// part that failed.
+// ReadyHandler answers 200 when every required check passes, else 503
+// naming each part that failed. The body lists every check, one line each
+// ("mysql: ok", "redis: down: …"), informational ones included.
 func ReadyHandler(checks []Check) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		defer cancel()
-		var failed []error
+		var b strings.Builder
+		ready := true
 		for _, c := range checks {
-			if err := c.Probe(ctx); err != nil {
-				failed = append(failed, errors.New(c.Name+": "+oneLine(err.Error())))
+			err := c.Probe(ctx)
+			switch {
+			case err == nil:
+				b.WriteString(c.Name + ": ok\n")
+			case c.Informational:
+				b.WriteString(c.Name + ": down (not needed to be ready): " + oneLine(err.Error()) + "\n")
+			default:
+				ready = false
+				b.WriteString(c.Name + ": " + oneLine(err.Error()) + "\n")
 			}
 		}
-		if len(failed) > 0 {
-			http.Error(w, errors.Join(failed...).Error(), http.StatusServiceUnavailable)
-			return
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		if !ready {
+			w.WriteHeader(http.StatusServiceUnavailable)
 		}
-		w.Write([]byte("ok\n"))
+		w.Write([]byte(b.String()))
 	}
 }

@@ -1,9 +1,12 @@
 package httpapi_test
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -11,9 +14,11 @@ import (
 	"time"
 
 	nanostorage "github.com/micromdm/nanocmd/engine/storage"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/rs/zerolog"
 
 	"github.com/stepcollect/stepcollect/httpapi"
+	"github.com/stepcollect/stepcollect/metrics"
 	"github.com/stepcollect/stepcollect/storage"
 )
 
@@ -185,3 +190,268 @@ func TestAPanicIsA500WithTheRequestIDLogged(t *testing.T) {
 }
 
 func itoa(n int64) string { b, _ := json.Marshal(n); return string(b) }
+
+// stepJSON is a /v1/steps body of n ids and m commands, written straight
+// into a buffer: 40,000 x 2,000 is a few MB of JSON, not 80 million of
+// anything.
+func stepJSON(n, m int) string {
+	var b strings.Builder
+	b.WriteString(`{"workflow_name":"wf.big","instance_id":"i","ids":[`)
+	for i := range n {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, `"ID-%d"`, i)
+	}
+	b.WriteString(`],"commands":[`)
+	for i := range m {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, `{"command_uuid":"BIG-%d","request_type":"DeviceInformation"}`, i)
+	}
+	b.WriteString(`]}`)
+	return b.String()
+}
+
+// The issue's step (40,000 ids x 2,000 commands) is refused at the default
+// limits in well under a second, by a 413 naming the count, the limit and
+// the flag, and nothing is written.
+func TestV1StepsOverTheDefaultLimitsIs413AndWritesNothing(t *testing.T) {
+	b := setup(t, nil)
+	before := snapshot(t, b.db.DB)
+	start := time.Now()
+	status, body := b.call(t, "POST", "/v1/steps", stepJSON(40_000, 2_000))
+	msg, _ := body["error"].(string)
+	want := "ids x commands: 80000000 rows, more than the 1000000 allowed (-max-step-rows)"
+	if status != http.StatusRequestEntityTooLarge || msg != want {
+		t.Errorf("%d %q, want 413 %q", status, msg, want)
+	}
+	if took := time.Since(start); took > 10*time.Second {
+		t.Errorf("took %v to refuse", took)
+	}
+	if after := snapshot(t, b.db.DB); after != before {
+		t.Error("a refused step changed the database")
+	}
+}
+
+// Each limit refuses one over it and takes one at it; a body of a million
+// {} is refused by its count without a million structs being built.
+func TestV1StepsLimitsNameTheFieldTheCountTheLimitAndTheFlag(t *testing.T) {
+	b := setup(t, nil)
+	h := httpapi.New(httpapi.Config{Store: b.store, APIKey: apiKey, Logger: zerolog.New(zerolog.NewTestWriter(t)),
+		MaxStepIDs: 10, MaxStepCommands: 3, MaxStepRows: 20})
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	post := func(body string) (int, string) {
+		req, _ := http.NewRequest("POST", srv.URL+"/v1/steps", strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+apiKey)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		raw, err := io.ReadAll(resp.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.StatusCode, strings.TrimSpace(string(raw))
+	}
+	for _, tc := range []struct {
+		name string
+		body string
+		want string
+	}{
+		{"ids", stepJSON(11, 1), `{"error":"ids: 11 ids, more than the 10 allowed (-max-step-ids)"`},
+		{"commands", stepJSON(1, 4), `{"error":"commands: 4 commands, more than the 3 allowed (-max-step-commands)"`},
+		{"rows", stepJSON(7, 3), `{"error":"ids x commands: 21 rows, more than the 20 allowed (-max-step-rows)"`},
+		{"a million commands", `{"workflow_name":"w","instance_id":"i","ids":["A"],"commands":[{}` + strings.Repeat(`,{}`, 999_999) + `]}`,
+			`{"error":"ids x commands: 1000000 rows, more than the 20 allowed (-max-step-rows)"`},
+		{"a million ids, commands first", `{"commands":[{"command_uuid":"U"}],"ids":[""` + strings.Repeat(`,""`, 999_999) + `]}`,
+			`{"error":"ids x commands: 1000000 rows, more than the 20 allowed (-max-step-rows)"`},
+		{"ids, nested", `{"ids":[[1,2],{"a":[3,","]},"x\",y"],"commands":[]}`, `{"error":"ids: want string, got a JSON array"`},
+	} {
+		status, raw := post(tc.body)
+		wantStatus := http.StatusRequestEntityTooLarge
+		if tc.name == "ids, nested" {
+			wantStatus = http.StatusBadRequest
+		}
+		if status != wantStatus || !strings.HasPrefix(raw, tc.want) || strings.Contains(raw, "\n") {
+			t.Errorf("%s: %d %s, want %d %s…", tc.name, status, raw, wantStatus, tc.want)
+		}
+	}
+	if status, raw := post(stepJSON(10, 2)); status != http.StatusCreated {
+		t.Errorf("10 ids x 2 commands, at every limit: %d %s, want 201", status, raw)
+	}
+}
+
+// The body budget makes a request wait while others hold it, never refuses
+// it, and gives back what a request that gave up while waiting held.
+func TestBodyBudgetMakesRequestsWaitAndNeverRefusesThem(t *testing.T) {
+	m := metrics.New(nil, nil)
+	// Every body over 1/5 of the budget weighs all of it: one at a time.
+	h := httpapi.New(httpapi.Config{Logger: zerolog.New(zerolog.NewTestWriter(t)), MaxBody: 4096, MaxInflightBodyBytes: 4096,
+		Metrics: m.API, Gatherer: m.Registry})
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	inflight := func() float64 { return testutil.ToFloat64(m.API.InflightBodyBytes) }
+	awaitInflight := func(want float64) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for inflight() != want {
+			if time.Now().After(deadline) {
+				t.Fatalf("in-flight body bytes %v, want %v", inflight(), want)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	ignored := `{"topic":"mdm.TokenUpdate","pad":"` + strings.Repeat("x", 2000) + `"}`
+
+	// A client sends its headers and half its body, and holds the budget.
+	conn, err := net.Dial("tcp", srv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(conn, "POST /webhook HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(ignored), ignored[:1000])
+	awaitInflight(4096)
+
+	// A second waits, unanswered, for as long as the first holds it.
+	second := make(chan int, 1)
+	go func() {
+		resp, err := http.Post(srv.URL+"/webhook", "application/json", strings.NewReader(ignored))
+		if err != nil {
+			second <- -1
+			return
+		}
+		resp.Body.Close()
+		second <- resp.StatusCode
+	}()
+	// A third gives up while it waits.
+	ctx, cancel := context.WithCancel(context.Background())
+	third := make(chan error, 1)
+	go func() {
+		req, _ := http.NewRequestWithContext(ctx, "POST", srv.URL+"/webhook", strings.NewReader(ignored))
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		third <- err
+	}()
+	select {
+	case status := <-second:
+		t.Fatalf("the second request was answered %d while the first held the whole budget", status)
+	case <-time.After(300 * time.Millisecond):
+	}
+	cancel()
+	if err := <-third; err == nil {
+		t.Error("the third request was answered although its client gave up")
+	}
+
+	// The first sends the rest: both are answered 200, and the budget is whole again.
+	if _, err := io.WriteString(conn, ignored[1000:]); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Errorf("first: %d, want 200", resp.StatusCode)
+	}
+	select {
+	case status := <-second:
+		if status != 200 {
+			t.Errorf("second: %d, want 200", status)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the second request was not answered once the budget was free")
+	}
+	awaitInflight(0)
+
+	// Without a Content-Length a body weighs the most it could be, and is read all the same.
+	req, _ := http.NewRequest("POST", srv.URL+"/webhook", io.MultiReader(strings.NewReader(ignored)))
+	req.ContentLength = -1
+	resp, err = http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 || inflight() != 0 {
+		t.Errorf("chunked: %d, in flight after %v", resp.StatusCode, inflight())
+	}
+}
+
+// blockingStore holds StoreStepID until release is closed.
+type blockingStore struct {
+	httpapi.Store
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (s blockingStore) StoreStepID(context.Context, *nanostorage.StepEnqueuingWithConfig, time.Time) (int64, error) {
+	close(s.entered)
+	<-s.release
+	return 1, nil
+}
+
+// A request that waited for the budget longer than the server's read and
+// write timeouts still has its body read and its answer written: waiting
+// costs no result.
+func TestBodyBudgetWaitDoesNotCostARequestItsTimeouts(t *testing.T) {
+	store := blockingStore{entered: make(chan struct{}), release: make(chan struct{})}
+	const timeout = 500 * time.Millisecond
+	h := httpapi.New(httpapi.Config{Store: store, APIKey: apiKey, Logger: zerolog.New(zerolog.NewTestWriter(t)),
+		MaxBody: 64 << 10, MaxInflightBodyBytes: 64 << 10, BodyTimeout: 10 * time.Second})
+	srv := httptest.NewUnstartedServer(h)
+	srv.Config.ReadTimeout, srv.Config.WriteTimeout = timeout, timeout
+	srv.Start()
+	defer srv.Close()
+
+	// The first holds the whole budget in its handler (the store).
+	first := make(chan int, 1)
+	go func() {
+		req, _ := http.NewRequest("POST", srv.URL+"/v1/steps", strings.NewReader(stepJSON(1, 1)+strings.Repeat(" ", 20<<10)))
+		req.Header.Set("Authorization", "Bearer "+apiKey)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			first <- -1
+			return
+		}
+		resp.Body.Close()
+		first <- resp.StatusCode
+	}()
+	<-store.entered
+
+	// The second, larger than what the server reads with its headers,
+	// waits past both timeouts.
+	second := make(chan string, 1)
+	go func() {
+		resp, err := http.Post(srv.URL+"/webhook", "application/json", strings.NewReader(`{"topic":"mdm.TokenUpdate","pad":"`+strings.Repeat("x", 32<<10)+`"}`))
+		if err != nil {
+			second <- err.Error()
+			return
+		}
+		raw, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		second <- fmt.Sprintf("%d %s", resp.StatusCode, raw)
+	}()
+	select {
+	case got := <-second:
+		t.Fatalf("the second request was answered (%s) while the first held the budget", got)
+	case <-time.After(3 * timeout):
+	}
+	// The first, stalled in the store past the write timeout without
+	// having waited for anything, is cut off as any such request is.
+	close(store.release)
+	<-first
+	select {
+	case got := <-second:
+		if got != "200 " {
+			t.Errorf("second, after waiting past the timeouts: %q, want 200", got)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the second request was not answered once the budget was free")
+	}
+}

@@ -2,7 +2,6 @@ package httpapi
 
 import (
 	"errors"
-	"io"
 	"net/http"
 
 	nanostorage "github.com/micromdm/nanocmd/engine/storage"
@@ -19,7 +18,7 @@ import (
 // non-200: the follow-up work goes to the queue after the commit, and the
 // sweeper finds it if the queue cannot take it.
 func (s *Server) webhook(w http.ResponseWriter, r *http.Request) {
-	body, err := io.ReadAll(r.Body)
+	body, err := s.readBody(r) // its memory is held against the budget (budgeted)
 	if err != nil {
 		s.result(metrics.OutcomeRejected)
 		respondError(w, r, err, "reading the webhook body")
@@ -65,7 +64,11 @@ func (s *Server) webhook(w http.ResponseWriter, r *http.Request) {
 			s.result(metrics.OutcomeIgnored)
 			logger.Debug().Msg("result for a command no step holds: ignored")
 		case err != nil:
-			s.result(metrics.OutcomeError)
+			if statusOf(err) < 500 {
+				s.result(metrics.OutcomeRejected) // the input's fault (too large, refused value)
+			} else {
+				s.result(metrics.OutcomeError)
+			}
 			respondError(w, r, err, "committing the result")
 			return
 		case !ev.Completed():

@@ -22,6 +22,10 @@ type API struct {
 	Results         *prometheus.CounterVec
 	Requests        *prometheus.CounterVec
 	RequestDuration *prometheus.HistogramVec
+	// InflightBodyBytes is the request-body budget in use
+	// (-max-inflight-body-bytes): each body weighed at its decoding's
+	// working memory, from before it is read until its handler returns.
+	InflightBodyBytes prometheus.Gauge
 }
 
 // NewAPI creates the API metrics and registers them with reg.
@@ -43,11 +47,16 @@ func NewAPI(reg prometheus.Registerer) *API {
 			Help:      "HTTP request latency by handler.",
 			Buckets:   []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
 		}, []string{"handler"}),
+		InflightBodyBytes: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: Namespace,
+			Name:      "inflight_body_bytes",
+			Help:      "Request-body bytes held against -max-inflight-body-bytes: each webhook or /v1/steps body weighed at its decoding's working memory, from before it is read until its handler returns.",
+		}),
 	}
 	for _, o := range []string{OutcomeCompletedStep, OutcomeStored, OutcomeNotNow, OutcomeIgnored, OutcomeRejected, OutcomeError} {
 		m.Results.WithLabelValues(o)
 	}
-	reg.MustRegister(m.Results, m.Requests, m.RequestDuration)
+	reg.MustRegister(m.Results, m.Requests, m.RequestDuration, m.InflightBodyBytes)
 	return m
 }
 

@@ -36,3 +36,18 @@ func New(inspector *asynq.Inspector, taskTypes []string, queues ...string) *Set 
 	}
 	return s
 }
+
+// Up exports stepcollect_<name>_up: 1 when probe succeeds at scrape time,
+// else 0. Probed on every scrape, so any replica's value is current.
+func (s *Set) Up(name string, probe func() error) {
+	s.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: Namespace,
+		Name:      name + "_up",
+		Help:      "1 when this process reached " + name + " at the last scrape, 0 when it did not.",
+	}, func() float64 {
+		if probe() != nil {
+			return 0
+		}
+		return 1
+	}))
+}

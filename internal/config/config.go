@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/url"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
@@ -19,10 +20,17 @@ import (
 
 // Set is a flag set with environment fallbacks.
 type Set struct {
-	fs     *flag.FlagSet
-	getenv func(string) string
-	errs   []error
-	checks []func() error
+	fs      *flag.FlagSet
+	getenv  func(string) string
+	errs    []error
+	checks  []func() error
+	secrets []secretFlag
+	redact  map[string]func(string) string // flag name: how Usage shows its default
+}
+
+type secretFlag struct {
+	name, usage string
+	value       *string
 }
 
 // New returns a Set for the binary name, reading the environment through
@@ -43,6 +51,79 @@ func (s *Set) String(name, env, def, usage string) *string {
 		def = v
 	}
 	return s.fs.String(name, def, s.usage(name, env, usage))
+}
+
+// Secret defines a string flag whose value never shows: Usage says "(set)"
+// when it has one, nothing otherwise. For keys and passwords, which would
+// otherwise appear in -h output as the default taken from the environment.
+func (s *Set) Secret(name, env, usage string) *string {
+	p := new(string)
+	*p = s.getenv(env)
+	full := s.usage(name, env, usage)
+	s.fs.Var((*secretValue)(p), name, full)
+	s.secrets = append(s.secrets, secretFlag{name: name, usage: full, value: p})
+	return p
+}
+
+// secretValue is a string whose String is empty, so that the flag package
+// never prints it as a default.
+type secretValue string
+
+func (v *secretValue) Set(x string) error { *v = secretValue(x); return nil }
+func (v *secretValue) String() string     { return "" }
+
+// DSN defines a go-sql-driver DSN flag. The value is used as given; Usage
+// shows its default with the password replaced by xxxxx.
+func (s *Set) DSN(name, env, def, usage string) *string {
+	p := s.String(name, env, def, usage)
+	s.redactDefault(name, RedactDSN)
+	return p
+}
+
+// URL defines a URL flag whose default Usage shows with the password
+// replaced by xxxxx (redis://:pw@host keeps one there).
+func (s *Set) URL(name, env, def, usage string) *string {
+	p := s.String(name, env, def, usage)
+	s.redactDefault(name, RedactURL)
+	return p
+}
+
+func (s *Set) redactDefault(name string, f func(string) string) {
+	if s.redact == nil {
+		s.redact = map[string]func(string) string{}
+	}
+	s.redact[name] = f
+}
+
+// RedactDSN replaces the password of a go-sql-driver DSN
+// ([user[:password]@][net[(addr)]]/dbname[?params]) by xxxxx. It finds the
+// password as the driver does (the last @ before the last /, the first :
+// before that) rather than re-formatting the DSN, so that what is shown is
+// otherwise exactly what was given, parsable or not.
+func RedactDSN(dsn string) string {
+	end := strings.LastIndex(dsn, "/")
+	if end < 0 {
+		end = len(dsn)
+	}
+	at := strings.LastIndex(dsn[:end], "@")
+	if at < 0 {
+		return dsn
+	}
+	colon := strings.Index(dsn[:at], ":")
+	if colon < 0 {
+		return dsn
+	}
+	return dsn[:colon+1] + "xxxxx" + dsn[at:]
+}
+
+// RedactURL replaces the password of a URL by xxxxx; a value that is not a
+// URL is shown as nothing at all, since it cannot be told what part is secret.
+func RedactURL(u string) string {
+	p, err := url.Parse(u)
+	if err != nil {
+		return ""
+	}
+	return p.Redacted()
 }
 
 // Bool defines a boolean flag.
@@ -114,8 +195,21 @@ func (s *Set) Parse(args []string) error {
 	return nil
 }
 
-// Usage writes the flags and their defaults to w.
+// Usage writes the flags and their defaults to w. No secret shows: a
+// Secret flag says only whether it is set, a DSN or URL default has its
+// password replaced.
 func (s *Set) Usage(w io.Writer) {
+	for _, sf := range s.secrets {
+		f := s.fs.Lookup(sf.name)
+		f.Usage = sf.usage
+		if *sf.value != "" {
+			f.Usage += " (set)"
+		}
+	}
+	for name, redact := range s.redact {
+		f := s.fs.Lookup(name)
+		f.DefValue = redact(f.DefValue)
+	}
 	s.fs.SetOutput(w)
 	fmt.Fprintf(w, "Usage of %s:\n", s.fs.Name())
 	s.fs.PrintDefaults()

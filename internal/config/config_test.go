@@ -65,3 +65,81 @@ func TestADSNWithoutADatabaseIsRefused(t *testing.T) {
 		t.Errorf("%v", err)
 	}
 }
+
+func TestSecretsTakeTheEnvironmentAndAFlagWins(t *testing.T) {
+	s := config.New("t", env(map[string]string{"T_KEY": "env-key", "T_OTHER": "env-other"}))
+	key := s.Secret("key", "T_KEY", "a key")
+	other := s.Secret("other", "T_OTHER", "another key")
+	none := s.Secret("none", "T_NONE", "no key")
+	if err := s.Parse([]string{"-other", "flag-other"}); err != nil {
+		t.Fatal(err)
+	}
+	if *key != "env-key" || *other != "flag-other" || *none != "" {
+		t.Errorf("key %q other %q none %q", *key, *other, *none)
+	}
+}
+
+func TestHelpShowsNoSecretFromTheEnvironment(t *testing.T) {
+	secrets := map[string]string{
+		"STEPCOLLECT_API_KEY":           "api-key-s3cret",
+		"STEPCOLLECT_WEBHOOK_HMAC_KEY":  "webhook-hmac-s3cret",
+		"STEPCOLLECT_CALLBACK_HMAC_KEY": "callback-hmac-s3cret",
+		"STEPCOLLECT_MYSQL_DSN":         "stepcollect:dsn-pa55word@tcp(db:3306)/stepcollect?parseTime=true",
+		"STEPCOLLECT_REDIS_URL":         "redis://:redis-pa55word@redis:6379/0",
+	}
+	s := config.New("t", env(secrets))
+	s.Secret("api-key", "STEPCOLLECT_API_KEY", "API key")
+	s.Secret("webhook-hmac-key", "STEPCOLLECT_WEBHOOK_HMAC_KEY", "webhook key")
+	s.Secret("callback-hmac-key", "STEPCOLLECT_CALLBACK_HMAC_KEY", "callback key")
+	s.Secret("unset-key", "STEPCOLLECT_UNSET_KEY", "a key nobody set")
+	dsn := s.DSN("mysql-dsn", "STEPCOLLECT_MYSQL_DSN", "root@tcp(127.0.0.1:3306)/stepcollect", "DSN")
+	redis := s.URL("redis-url", "STEPCOLLECT_REDIS_URL", "redis://127.0.0.1:6379/0", "Redis URL")
+	err := s.Parse([]string{"-h"})
+	if !config.IsHelp(err) {
+		t.Fatalf("-h: %v", err)
+	}
+	var out strings.Builder
+	s.Usage(&out)
+	help := out.String()
+	for _, secret := range []string{"api-key-s3cret", "webhook-hmac-s3cret", "callback-hmac-s3cret", "dsn-pa55word", "redis-pa55word", "s3cret", "pa55word"} {
+		if strings.Contains(help, secret) {
+			t.Errorf("help shows %q:\n%s", secret, help)
+		}
+	}
+	for _, want := range []string{
+		"API key (env STEPCOLLECT_API_KEY) (set)",
+		"callback key (env STEPCOLLECT_CALLBACK_HMAC_KEY) (set)",
+		`stepcollect:xxxxx@tcp(db:3306)/stepcollect?parseTime=true`,
+		`redis://:xxxxx@redis:6379/0`,
+	} {
+		if !strings.Contains(help, want) {
+			t.Errorf("help lacks %q:\n%s", want, help)
+		}
+	}
+	if strings.Contains(help, "a key nobody set (env STEPCOLLECT_UNSET_KEY) (set)") {
+		t.Errorf("an unset secret shows as set:\n%s", help)
+	}
+	// The values themselves are used as given.
+	if *dsn != secrets["STEPCOLLECT_MYSQL_DSN"] || *redis != secrets["STEPCOLLECT_REDIS_URL"] {
+		t.Errorf("dsn %q redis %q: the real values must be kept", *dsn, *redis)
+	}
+}
+
+func TestRedactDSNReplacesOnlyThePassword(t *testing.T) {
+	for in, want := range map[string]string{
+		"root@tcp(127.0.0.1:3306)/db?parseTime=true":    "root@tcp(127.0.0.1:3306)/db?parseTime=true",
+		"u:p@tcp(h:3306)/db":                            "u:xxxxx@tcp(h:3306)/db",
+		"u:p@ss:w@rd@unix(/var/run/mysqld.sock)/db?x=y": "u:xxxxx@unix(/var/run/mysqld.sock)/db?x=y",
+		"u:@tcp(h)/db":                                  "u:xxxxx@tcp(h)/db",
+		"/db":                                           "/db",
+		"u:secret@tcp(h)":                               "u:xxxxx@tcp(h)",
+		"":                                              "",
+		"u:with/slash@tcp(h)/db":                        "u:xxxxx@tcp(h)/db", // the driver reads the password "with/slash"
+		"u:p@tcp(h:3306)/db?loc=Local&tls=skip-verify&a=b": "u:xxxxx@tcp(h:3306)/db?loc=Local&tls=skip-verify&a=b",
+		"stepcollect:pw@tcp([::1]:3306)/stepcollect?a=b@c": "stepcollect:xxxxx@tcp([::1]:3306)/stepcollect?a=b@c",
+	} {
+		if got := config.RedactDSN(in); got != want {
+			t.Errorf("RedactDSN(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

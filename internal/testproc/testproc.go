@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -21,6 +22,16 @@ import (
 // root, like "cmd/api") into dir and returns their paths by name. Call it
 // from TestMain.
 func Build(dir string, pkgs ...string) (map[string]string, error) {
+	return build(dir, []string{"-race"}, pkgs)
+}
+
+// BuildPlain is Build without the race detector, for tests that measure a
+// binary's memory: the detector's shadow memory would multiply it.
+func BuildPlain(dir string, pkgs ...string) (map[string]string, error) {
+	return build(dir, nil, pkgs)
+}
+
+func build(dir string, flags, pkgs []string) (map[string]string, error) {
 	root, err := moduleRoot()
 	if err != nil {
 		return nil, err
@@ -28,7 +39,8 @@ func Build(dir string, pkgs ...string) (map[string]string, error) {
 	out := map[string]string{}
 	for _, p := range pkgs {
 		bin := filepath.Join(dir, filepath.Base(p))
-		cmd := exec.Command("go", "build", "-race", "-o", bin, "./"+p)
+		args := append(append([]string{"build"}, flags...), "-o", bin, "./"+p)
+		cmd := exec.Command("go", args...)
 		cmd.Dir = root
 		if b, err := cmd.CombinedOutput(); err != nil {
 			return nil, fmt.Errorf("building %s: %v\n%s", p, err, b)
@@ -85,6 +97,35 @@ func Start(t testing.TB, bin string, env []string, args ...string) *Proc {
 		}
 	})
 	return p
+}
+
+// PID is the process's id.
+func (p *Proc) PID() int { return p.Cmd.Process.Pid }
+
+// PeakRSS is the most resident memory the process has used so far, in
+// bytes (VmHWM of /proc/<pid>/status; Linux only), since it started or
+// since the last ResetPeakRSS.
+func (p *Proc) PeakRSS() (int64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.PID()))
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("VmHWM: %q: %v", v, err)
+			}
+			return kb << 10, nil
+		}
+	}
+	return 0, fmt.Errorf("/proc/%d/status has no VmHWM", p.PID())
+}
+
+// ResetPeakRSS starts PeakRSS again from the memory resident now (writes 5
+// to /proc/<pid>/clear_refs; Linux 4.0 and later).
+func (p *Proc) ResetPeakRSS() error {
+	return os.WriteFile(fmt.Sprintf("/proc/%d/clear_refs", p.PID()), []byte("5"), 0)
 }
 
 // Logs is everything the process wrote so far.
