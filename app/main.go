@@ -135,6 +135,7 @@ func openDeps(ctx context.Context, redisURL, dsn string, maxConns int, migrate, 
 		return d.db.PingContext(ctx)
 	})
 	d.metrics.Up("redis", d.enq.Ping)
+	d.metrics.Registry.MustRegister(metrics.NewStateCollector(d.store.Gauges, 5*time.Second))
 	return d, nil
 }
 

@@ -117,7 +117,7 @@ func NewWorker(ctx context.Context, cfg WorkerConfig, logger zerolog.Logger) (*W
 	// Events are offered by the dispatcher, which polls the outbox; the
 	// sweeper only counts them.
 	w.sweeper = collector.NewSweeper(collector.SweeperConfig{Interval: cfg.SweepInterval},
-		store, enq, m.Sweeper, m.Delivery, logger.With().Str("component", "sweeper").Logger())
+		store, enq, m.Sweeper, logger.With().Str("component", "sweeper").Logger())
 	w.scheduler = scheduler.New(cfg.ScheduleInterval, store, enq, logger.With().Str("component", "scheduler").Logger())
 
 	w.mux = asynq.NewServeMux()
@@ -172,7 +172,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		return fmt.Errorf("starting asynq delivery server: %w", err)
 	}
 	tickers := make(chan struct{}, 3)
-	go func() { w.sweeper.Run(ctx); tickers <- struct{}{} }()
+	go func() { w.sweepAtStart(ctx); w.sweeper.Run(ctx); tickers <- struct{}{} }()
 	go func() { w.scheduler.Run(ctx); tickers <- struct{}{} }()
 	go func() { w.dispatcher.Run(ctx); tickers <- struct{}{} }()
 	callback := w.cfg.CallbackURL
@@ -200,6 +200,23 @@ func (w *Worker) Run(ctx context.Context) error {
 	w.http.Shutdown(shutdownCtx)
 	w.logger.Info().Msg("worker stopped")
 	return err
+}
+
+// sweepAtStart sweeps once, in process, when the worker starts. A worker
+// that was killed left its collect tasks active in Redis until asynq's
+// lease (30 s) and recoverer (every minute) hand them back; its restart
+// should not wait for that. Any number of replicas starting together is
+// harmless: collection is idempotent.
+func (w *Worker) sweepAtStart(ctx context.Context) {
+	if w.cfg.SweepInterval <= 0 {
+		return
+	}
+	res, err := w.sweeper.Sweep(ctx)
+	if err != nil && ctx.Err() == nil {
+		w.logger.Warn().Err(err).Msg("sweep at start failed; the next sweep slot tries again")
+		return
+	}
+	w.logger.Info().Int("examined", res.Examined).Int("collected", res.Collected).Msg("swept at start")
 }
 
 // asynqConfig is an asynq server's configuration for queues.

@@ -147,7 +147,9 @@ func TestSweepFindsEveryUnreferencedStepAcrossPages(t *testing.T) {
 	}
 	reg := prometheus.NewRegistry()
 	sm := metrics.NewSweeper(reg)
-	sw := collector.NewSweeper(collector.SweeperConfig{BatchSize: 4}, b.store, nil, sm, metrics.NewDelivery(reg), zerolog.Nop())
+	sw := collector.NewSweeper(collector.SweeperConfig{BatchSize: 4}, b.store, nil, sm, zerolog.Nop())
+	// every replica's stepcollect_uncollected_steps reads what the sweep recorded
+	state := metrics.NewStateCollector(b.store.Gauges, 0)
 	res, err := sw.Sweep(t.Context())
 	if err != nil {
 		t.Fatal(err)
@@ -155,7 +157,7 @@ func TestSweepFindsEveryUnreferencedStepAcrossPages(t *testing.T) {
 	if res.Examined != 25 || res.Unreferenced != len(want) || res.Collected != len(want) {
 		t.Errorf("sweep %+v, want 25 examined and %d unreferenced and collected", res, len(want))
 	}
-	if got := testutil.ToFloat64(sm.UncollectedSteps); got != float64(len(want)) {
+	if got := gaugeValue(t, state, "stepcollect_uncollected_steps"); got != float64(len(want)) {
 		t.Errorf("uncollected gauge %v, want %d", got, len(want))
 	}
 	for _, id := range want {
@@ -172,7 +174,7 @@ func TestSweepFindsEveryUnreferencedStepAcrossPages(t *testing.T) {
 	if res, err := sw.Sweep(t.Context()); err != nil || res.Unreferenced != 0 {
 		t.Errorf("second sweep: %+v, %v", res, err)
 	}
-	if got := testutil.ToFloat64(sm.UncollectedSteps); got != 0 {
+	if got := gaugeValue(t, state, "stepcollect_uncollected_steps"); got != 0 {
 		t.Errorf("uncollected gauge %v after a clean sweep", got)
 	}
 }
@@ -189,7 +191,7 @@ func TestSweepDeletesRawCommandsOfStepsThatAreGone(t *testing.T) {
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	sw := collector.NewSweeper(collector.SweeperConfig{BatchSize: 1}, b.store, nil, metrics.NewSweeper(reg), metrics.NewDelivery(reg), zerolog.Nop())
+	sw := collector.NewSweeper(collector.SweeperConfig{BatchSize: 1}, b.store, nil, metrics.NewSweeper(reg), zerolog.Nop())
 	res, err := sw.Sweep(t.Context())
 	if err != nil || res.OrphanedStepCommands != 1 {
 		t.Fatalf("sweep %+v, %v; want 1 orphan deleted", res, err)
@@ -197,4 +199,22 @@ func TestSweepDeletesRawCommandsOfStepsThatAreGone(t *testing.T) {
 	if _, _, raw := b.exists(t, keep); raw != 1 {
 		t.Errorf("a live step's raw command was deleted")
 	}
+}
+
+// gaugeValue reads one unlabelled gauge from a collector.
+func gaugeValue(t *testing.T, c prometheus.Collector, name string) float64 {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(c)
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		if f.GetName() == name && len(f.GetMetric()) == 1 {
+			return f.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	t.Fatalf("%s not exported", name)
+	return 0
 }

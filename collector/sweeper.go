@@ -19,14 +19,14 @@ type SweepStore interface {
 	ScanUnreferencedSteps(ctx context.Context, after int64, limit int) (storage.ScanPage, error)
 	ScanOrphanedStepCommands(ctx context.Context, after int64, limit int) (storage.ScanPage, error)
 	DeleteOrphanedStepCommands(ctx context.Context, stepIDs []int64) (int64, error)
-	ScanUndeliveredEvents(ctx context.Context, grace time.Duration, after int64, limit int) ([]storage.OutboxRef, error)
-	OutboxPending(ctx context.Context) (int, error)
+	// RecordSweep stores what the sweep found, for every replica's
+	// stepcollect_uncollected_steps.
+	RecordSweep(ctx context.Context, uncollected int) error
 }
 
-// SweepEnqueuer puts a slot's sweep task, and deliveries, on the queue.
+// SweepEnqueuer puts a slot's sweep task on the queue.
 type SweepEnqueuer interface {
 	EnqueueSweep(ctx context.Context, slot time.Time, interval time.Duration) error
-	EventsWritten(ctx context.Context, refs []storage.OutboxRef) error
 }
 
 // SweeperConfig configures a Sweeper.
@@ -39,13 +39,6 @@ type SweeperConfig struct {
 	// RetryEvery is how often a replica retries a slot's enqueue that
 	// failed (Redis down). Default 1s.
 	RetryEvery time.Duration
-	// OfferEvents makes the sweep queue a delivery for every outbox event
-	// nobody is delivering (set when a callback URL is configured).
-	OfferEvents bool
-	// EventGrace is how old a never-claimed event must be before the sweep
-	// offers it: younger ones are still on their way through the queue.
-	// Default 30s.
-	EventGrace time.Duration
 }
 
 // Sweeper finds and collects what a lost enqueue left: unreferenced steps,
@@ -54,26 +47,22 @@ type SweeperConfig struct {
 // any number of replicas: see the tasks package for why exactly one sweep
 // runs per interval.
 type Sweeper struct {
-	cfg      SweeperConfig
-	store    SweepStore
-	enq      SweepEnqueuer
-	metrics  *metrics.Sweeper
-	delivery *metrics.Delivery
-	logger   zerolog.Logger
+	cfg     SweeperConfig
+	store   SweepStore
+	enq     SweepEnqueuer
+	metrics *metrics.Sweeper
+	logger  zerolog.Logger
 }
 
 // NewSweeper returns a Sweeper.
-func NewSweeper(cfg SweeperConfig, store SweepStore, enq SweepEnqueuer, m *metrics.Sweeper, dm *metrics.Delivery, logger zerolog.Logger) *Sweeper {
+func NewSweeper(cfg SweeperConfig, store SweepStore, enq SweepEnqueuer, m *metrics.Sweeper, logger zerolog.Logger) *Sweeper {
 	if cfg.BatchSize <= 0 {
 		cfg.BatchSize = 1000
 	}
 	if cfg.RetryEvery <= 0 {
 		cfg.RetryEvery = time.Second
 	}
-	if cfg.EventGrace <= 0 {
-		cfg.EventGrace = 30 * time.Second
-	}
-	return &Sweeper{cfg: cfg, store: store, enq: enq, metrics: m, delivery: dm, logger: logger}
+	return &Sweeper{cfg: cfg, store: store, enq: enq, metrics: m, logger: logger}
 }
 
 // SweepResult is what one sweep found and did.
@@ -82,8 +71,6 @@ type SweepResult struct {
 	Unreferenced         int // of those, nothing referred to
 	Collected            int // of those, deleted by this sweep
 	OrphanedStepCommands int64
-	EventsOffered        int // undelivered events queued for delivery again
-	OutboxPending        int
 }
 
 // ProcessTask implements asynq.Handler for sweep tasks.
@@ -105,14 +92,15 @@ func (s *Sweeper) ProcessTask(ctx context.Context, t *asynq.Task) error {
 	}
 	ev.Time("slot", p.Slot).Int("examined", res.Examined).Int("unreferenced", res.Unreferenced).
 		Int("collected", res.Collected).Int64("orphaned_step_commands", res.OrphanedStepCommands).
-		Int("events_offered", res.EventsOffered).Int("outbox_pending", res.OutboxPending).
 		Dur("took", time.Since(start)).Msg("sweep")
 	return err
 }
 
 // Sweep pages through the steps table once, collecting every unreferenced
-// step it finds, then through the raw commands for orphans. It sets
-// stepcollect_uncollected_steps to what it found unreferenced.
+// step it finds, then through the raw commands for orphans. It records what
+// it found unreferenced in MySQL, where every replica's
+// stepcollect_uncollected_steps reads it. Outbox events are not its
+// business: the delivery dispatcher polls the outbox.
 func (s *Sweeper) Sweep(ctx context.Context) (SweepResult, error) {
 	var res SweepResult
 	for page, cursor := (storage.ScanPage{More: true}), int64(0); page.More; cursor = page.Next {
@@ -141,7 +129,9 @@ func (s *Sweeper) Sweep(ctx context.Context) (SweepResult, error) {
 			return res, err
 		}
 	}
-	s.metrics.UncollectedSteps.Set(float64(res.Unreferenced))
+	if err := s.store.RecordSweep(ctx, res.Unreferenced); err != nil {
+		return res, err
+	}
 
 	for page, cursor := (storage.ScanPage{More: true}), int64(0); page.More; cursor = page.Next {
 		var err error
@@ -159,38 +149,7 @@ func (s *Sweeper) Sweep(ctx context.Context) (SweepResult, error) {
 		}
 	}
 
-	if err := s.sweepOutbox(ctx, &res); err != nil {
-		return res, err
-	}
 	return res, nil
-}
-
-// sweepOutbox counts the outbox and, with a receiver configured, queues a
-// delivery for every event nobody is delivering.
-func (s *Sweeper) sweepOutbox(ctx context.Context, res *SweepResult) error {
-	n, err := s.store.OutboxPending(ctx)
-	if err != nil {
-		return err
-	}
-	res.OutboxPending = n
-	s.delivery.OutboxPending.Set(float64(n))
-	if !s.cfg.OfferEvents || n == 0 {
-		return nil
-	}
-	for cursor := int64(0); ; {
-		refs, err := s.store.ScanUndeliveredEvents(ctx, s.cfg.EventGrace, cursor, s.cfg.BatchSize)
-		if err != nil {
-			return err
-		}
-		if len(refs) == 0 {
-			return nil
-		}
-		if err := s.enq.EventsWritten(ctx, refs); err != nil {
-			return err
-		}
-		res.EventsOffered += len(refs)
-		cursor = refs[len(refs)-1].ID
-	}
 }
 
 // Run enqueues one sweep per interval slot until ctx ends (see

@@ -1,8 +1,10 @@
 // Package delivery delivers the outbox's events to the workflow engine:
-// POST to the callback URL, signed, at least once. A 2xx acknowledges and
-// removes the event; anything else is retried with backoff, and after the
-// last retry the event stays in the outbox for the sweeper to offer again.
-// Nothing is archived silently, and nothing is lost.
+// POST to the callback URL, signed, at least once. The Dispatcher polls the
+// outbox, which decides who delivers (a lease per event). A 2xx
+// acknowledges and removes the event; anything else is tried again after a
+// backoff, for as long as it takes. Nothing is archived, and nothing is
+// lost. The Deliverer is also the asynq handler of the per-event deliver
+// tasks older builds enqueued.
 package delivery
 
 import (
@@ -21,6 +23,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/rs/zerolog"
 
+	"github.com/stepcollect/stepcollect/logkeys"
 	"github.com/stepcollect/stepcollect/metrics"
 	"github.com/stepcollect/stepcollect/storage"
 	"github.com/stepcollect/stepcollect/tasks"
@@ -47,9 +50,6 @@ type Config struct {
 	HMACKey []byte
 	// Timeout bounds one attempt. Default 30s.
 	Timeout time.Duration
-	// ReofferAfter is how long an event that used up its retries waits
-	// before the sweeper offers it again. Default 5m.
-	ReofferAfter time.Duration
 }
 
 // Deliverer is the asynq handler of delivery tasks.
@@ -65,9 +65,6 @@ type Deliverer struct {
 func New(cfg Config, store Store, m *metrics.Delivery, logger zerolog.Logger) *Deliverer {
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 30 * time.Second
-	}
-	if cfg.ReofferAfter <= 0 {
-		cfg.ReofferAfter = 5 * time.Minute
 	}
 	return &Deliverer{cfg: cfg, store: store, metrics: m, logger: logger,
 		client: &http.Client{Timeout: cfg.Timeout, CheckRedirect: noRedirects, Transport: &http.Transport{
@@ -116,24 +113,13 @@ func (d *Deliverer) ProcessTask(ctx context.Context, t *asynq.Task) error {
 		return nil
 	}
 
-	retried, _ := asynq.GetRetryCount(ctx)
-	maxRetry, _ := asynq.GetMaxRetry(ctx)
-	if retried < maxRetry {
-		// asynq waits exactly this long before the next try; until then
-		// the sweeper leaves the event alone
-		retryAt := time.Now().Add(tasks.DeliverRetryDelay(retried))
-		if ferr := d.store.FailEvent(ctx, ev.ID, err.Error(), retryAt); ferr != nil {
-			logger.Warn().Err(ferr).Msg("recording the failed delivery")
-		}
-		logger.Info().Err(err).Int("attempts", ev.Attempts).Time("retry_at", retryAt).Msg("delivery failed; will retry")
-		return fmt.Errorf("delivering event %s: %w", ev.EventID, err)
-	}
-	retryAt := time.Now().Add(d.cfg.ReofferAfter)
+	// The dispatcher owns retries: it offers the event again once this
+	// short lease lapses, with its own backoff. asynq is not asked to.
+	retryAt := time.Now().Add(time.Second)
 	if ferr := d.store.FailEvent(ctx, ev.ID, err.Error(), retryAt); ferr != nil {
 		logger.Warn().Err(ferr).Msg("recording the failed delivery")
 	}
-	logger.Warn().Err(err).Int("attempts", ev.Attempts).Time("reoffer_at", retryAt).
-		Msg("delivery failed on its last retry; the event stays in the outbox and the sweeper offers it again")
+	logger.Info().Err(err).Int(logkeys.Attempt, ev.Attempts).Msg("delivery failed; the dispatcher tries again")
 	return nil
 }
 

@@ -244,3 +244,43 @@ func TestComposeFileScalesAndMountsFilesThatExist(t *testing.T) {
 		t.Errorf("dashboard does not use the provisioned datasource %s", want)
 	}
 }
+
+// Every alert links its runbook section, and the section exists.
+func TestEveryAlertHasARunbookSection(t *testing.T) {
+	var rules struct {
+		Groups []struct {
+			Rules []struct {
+				Alert       string            `yaml:"alert"`
+				Annotations map[string]string `yaml:"annotations"`
+			} `yaml:"rules"`
+		} `yaml:"groups"`
+	}
+	b, err := os.ReadFile("prometheus/rules/stepcollect.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.Unmarshal(b, &rules); err != nil {
+		t.Fatal(err)
+	}
+	runbook, err := os.ReadFile("../docs/runbook.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const base = "https://github.com/stepcollect/stepcollect/blob/main/docs/runbook.md#"
+	n := 0
+	for _, g := range rules.Groups {
+		for _, r := range g.Rules {
+			n++
+			url := r.Annotations["runbook_url"]
+			if url != base+strings.ToLower(r.Alert) {
+				t.Errorf("alert %s: runbook_url %q, want %s%s", r.Alert, url, base, strings.ToLower(r.Alert))
+			}
+			if !strings.Contains(string(runbook), "\n## "+r.Alert+"\n") {
+				t.Errorf("alert %s: no section \"## %s\" in docs/runbook.md", r.Alert, r.Alert)
+			}
+		}
+	}
+	if n < 10 {
+		t.Fatalf("only %d alerts read: the parsing is broken", n)
+	}
+}

@@ -11,8 +11,7 @@ const (
 
 // Delivery holds the metrics of delivering events to the workflow engine.
 type Delivery struct {
-	Deliveries    *prometheus.CounterVec
-	OutboxPending prometheus.Gauge
+	Deliveries *prometheus.CounterVec
 }
 
 // NewDelivery creates the delivery metrics and registers them with reg.
@@ -23,17 +22,12 @@ func NewDelivery(reg prometheus.Registerer, eventTypes ...string) *Delivery {
 			Name:      "deliveries_total",
 			Help:      "Callback attempts by event type and outcome (ok, http_error, timeout).",
 		}, []string{"type", "outcome"}),
-		OutboxPending: prometheus.NewGauge(prometheus.GaugeOpts{
-			Namespace: Namespace,
-			Name:      "outbox_pending",
-			Help:      "Events not yet acknowledged by the workflow engine, as the last sweep counted them.",
-		}),
 	}
 	for _, t := range eventTypes {
 		for _, o := range []string{DeliveryOK, DeliveryHTTPError, DeliveryTimeout} {
 			m.Deliveries.WithLabelValues(t, o)
 		}
 	}
-	reg.MustRegister(m.Deliveries, m.OutboxPending)
+	reg.MustRegister(m.Deliveries)
 	return m
 }

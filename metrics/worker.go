@@ -4,7 +4,6 @@ import "github.com/prometheus/client_golang/prometheus"
 
 // Sweeper holds the sweeper's metrics.
 type Sweeper struct {
-	UncollectedSteps     prometheus.Gauge
 	Sweeps               *prometheus.CounterVec
 	OrphanedStepCommands prometheus.Counter
 	SweepDurationSeconds prometheus.Histogram
@@ -13,11 +12,6 @@ type Sweeper struct {
 // NewSweeper creates the sweeper metrics and registers them with reg.
 func NewSweeper(reg prometheus.Registerer) *Sweeper {
 	m := &Sweeper{
-		UncollectedSteps: prometheus.NewGauge(prometheus.GaugeOpts{
-			Namespace: Namespace,
-			Name:      "uncollected_steps",
-			Help:      "Unreferenced steps still present, as the last sweep saw them (before collecting them).",
-		}),
 		Sweeps: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: Namespace,
 			Name:      "sweeps_total",
@@ -37,7 +31,7 @@ func NewSweeper(reg prometheus.Registerer) *Sweeper {
 	}
 	m.Sweeps.WithLabelValues("ok")
 	m.Sweeps.WithLabelValues("error")
-	reg.MustRegister(m.UncollectedSteps, m.Sweeps, m.OrphanedStepCommands, m.SweepDurationSeconds)
+	reg.MustRegister(m.Sweeps, m.OrphanedStepCommands, m.SweepDurationSeconds)
 	return m
 }
 

@@ -156,3 +156,15 @@ type OutboxEvent struct {
 type EventSink interface {
 	EventsWritten(ctx context.Context, refs []OutboxRef) error
 }
+
+// Gauges are the figures every replica exports at scrape time, read from
+// the database so that whichever replica serves them, they are current.
+type Gauges struct {
+	OutboxPending  int           // events not yet acknowledged
+	OldestEventAge time.Duration // of the oldest of them; 0 when none
+	// UncollectedSteps is what the last sweep found unreferenced, LastSweepAge
+	// how long ago it ran; Swept is false before the first sweep.
+	UncollectedSteps int
+	LastSweepAge     time.Duration
+	Swept            bool
+}

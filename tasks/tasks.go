@@ -109,7 +109,7 @@ type DeliverPayload struct {
 // Collect options: retried soon (CollectRetryDelay) when MySQL fails or a
 // claim stays skipped.
 const (
-	collectMaxRetry = 10
+	collectMaxRetry = 25 // about three minutes of tries at CollectRetryDelay
 	collectTimeout  = time.Minute
 )
 
@@ -208,12 +208,13 @@ func DeliverRetryDelay(n int) time.Duration {
 }
 
 // CollectRetryDelay is how long asynq waits before retry n+1 of a collect
-// task: 1, 2, 4 … seconds, at most 30. A collect task fails mostly because
+// task: 1, 2, 4 … seconds, at most 8. A collect task fails mostly because
 // a claim kept being skipped (a lock held for milliseconds) or MySQL
 // blinked: both are worth trying again soon, not on asynq's default
-// schedule of minutes.
+// schedule of minutes, and a MySQL restart should cost seconds once it
+// answers again.
 func CollectRetryDelay(n int) time.Duration {
-	return min(time.Second<<min(n, 16), 30*time.Second)
+	return min(time.Second<<min(n, 16), 8*time.Second)
 }
 
 // RetryDelay is the worker's asynq RetryDelayFunc: deliveries and collect

@@ -387,3 +387,33 @@ func TestStoreStepRefusesUnstorableTimesNamingTheField(t *testing.T) {
 		t.Errorf("rows written: %+v", c)
 	}
 }
+
+// A step fanned out to more enrollments than one timeout transaction takes
+// (1000) times out over several short transactions: every enrollment is
+// reported once, and the step goes with the last of them.
+func TestALargeStepTimesOutInBoundedTransactions(t *testing.T) {
+	b := setup(t, nil)
+	ctx := t.Context()
+	step := fanOutStep("bigtimeout", 2500, 2)
+	step.Timeout = time.Now().Add(-time.Second)
+	if err := b.store.StoreStep(ctx, step, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	got, err := b.store.RetrieveTimedOutSteps(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]int{}
+	for _, r := range got {
+		if len(r.IDs) != 1 || len(r.Commands) != 2 {
+			t.Fatalf("result %+v: want one enrollment with its 2 commands", r)
+		}
+		seen[r.IDs[0]]++
+	}
+	if len(seen) != 2500 || len(got) != 2500 {
+		t.Errorf("%d results for %d enrollments, want 2500 for 2500", len(got), len(seen))
+	}
+	if c := countRows(t, b.db.DB); c != (rowCounts{}) {
+		t.Errorf("rows left: %+v", c)
+	}
+}

@@ -135,21 +135,6 @@ func (s *Storage) FailEvent(ctx context.Context, id int64, reason string, retryA
 	return nil
 }
 
-// ScanUndeliveredEvents returns up to limit events after id after that
-// nobody is delivering: never claimed and created before grace ago (their
-// enqueue was lost), or whose lease ran out (their retries did).
-func (s *Storage) ScanUndeliveredEvents(ctx context.Context, grace time.Duration, after int64, limit int) ([]storage.OutboxRef, error) {
-	now := time.Now()
-	refs, err := queryList(ctx, s.db, qScanUndeliveredEvents, []any{after, now.Add(-grace), now, limit}, func(rs *sql.Rows) (storage.OutboxRef, error) {
-		var r storage.OutboxRef
-		return r, rs.Scan(&r.ID, &r.EventID, &r.Type, &r.Attempts)
-	})
-	if err != nil {
-		return nil, fmt.Errorf("scanning the outbox after %d: %w", after, err)
-	}
-	return refs, nil
-}
-
 // OutboxPending counts the events not yet acknowledged.
 func (s *Storage) OutboxPending(ctx context.Context) (int, error) {
 	var n int
@@ -157,4 +142,28 @@ func (s *Storage) OutboxPending(ctx context.Context) (int, error) {
 		return 0, fmt.Errorf("counting the outbox: %w", err)
 	}
 	return n, nil
+}
+
+// Gauges reads what every replica exports at scrape time: the outbox and
+// the last sweep's findings, as the database holds them now.
+func (s *Storage) Gauges(ctx context.Context) (storage.Gauges, error) {
+	var g storage.Gauges
+	var oldest, swept sql.NullInt64
+	var uncollected sql.NullFloat64
+	if err := s.db.QueryRowContext(ctx, qGauges).Scan(&g.OutboxPending, &oldest, &uncollected, &swept); err != nil {
+		return g, fmt.Errorf("reading gauges: %w", err)
+	}
+	g.OldestEventAge = time.Duration(oldest.Int64) * time.Microsecond
+	g.UncollectedSteps = int(uncollected.Float64)
+	g.Swept = swept.Valid
+	g.LastSweepAge = time.Duration(swept.Int64) * time.Microsecond
+	return g, nil
+}
+
+// RecordSweep stores what a sweep found, for every replica's gauges.
+func (s *Storage) RecordSweep(ctx context.Context, uncollected int) error {
+	if _, err := s.db.ExecContext(ctx, qRecordState, "uncollected_steps", float64(uncollected)); err != nil {
+		return fmt.Errorf("recording the sweep: %w", err)
+	}
+	return nil
 }

@@ -256,19 +256,18 @@ func TestClaimEventIsExclusiveUntilItsLeaseRunsOut(t *testing.T) {
 	if won != 1 {
 		t.Fatalf("%d claims won, want 1", won)
 	}
-	if refs, _ := b.store.ScanUndeliveredEvents(ctx, 0, 0, 10); len(refs) != 0 {
-		t.Errorf("a leased event offered again: %v", refs)
+	if evs, err := b.store.ClaimDueEvents(ctx, 10, time.Minute); err != nil || len(evs) != 0 {
+		t.Errorf("a leased event claimed again: %v, %v", evs, err)
 	}
 	if err := b.store.FailEvent(ctx, id, "503 Service Unavailable", time.Now().Add(-time.Millisecond)); err != nil {
 		t.Fatal(err)
 	}
-	refs, _ := b.store.ScanUndeliveredEvents(ctx, 0, 0, 10)
-	if len(refs) != 1 || refs[0].ID != id || refs[0].Attempts != 1 {
-		t.Fatalf("expired lease not offered again: %v", refs)
+	evs, err := b.store.ClaimDueEvents(ctx, 10, time.Minute)
+	if err != nil || len(evs) != 1 || evs[0].ID != id || evs[0].Attempts != 2 || evs[0].Type != events.StepCompleted {
+		t.Fatalf("expired lease not claimed again (as the second attempt): %+v, %v", evs, err)
 	}
-	ev, err := b.store.ClaimEvent(ctx, id, time.Minute)
-	if err != nil || ev.Attempts != 2 || ev.Type != events.StepCompleted {
-		t.Fatalf("second claim: %+v, %v", ev, err)
+	if _, err := b.store.ClaimEvent(ctx, id, time.Minute); !errors.Is(err, storage.ErrEventNotClaimable) {
+		t.Errorf("an event the dispatcher holds claimed by a deliver task: %v", err)
 	}
 	if err := b.store.AckEvent(ctx, id); err != nil {
 		t.Fatal(err)

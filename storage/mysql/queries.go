@@ -227,16 +227,22 @@ SELECT event_id, event_type, payload, attempts FROM stepcollect_outbox WHERE id 
 	qFailEvent = `
 UPDATE stepcollect_outbox SET last_error = ?, lease_until = ? WHERE id = ?`
 
-	// Sweeper: events nobody is delivering: never claimed and older than a
-	// grace period (their enqueue was lost), or whose lease ran out (their
-	// retries did). Paged by key; the rows it passes over are those being
-	// retried right now.
-	qScanUndeliveredEvents = `
-SELECT id, event_id, event_type, attempts FROM stepcollect_outbox
-WHERE id > ? AND ((lease_until IS NULL AND created_at < ?) OR lease_until <= ?)
-ORDER BY id LIMIT ?`
-
 	qCountOutbox = `SELECT COUNT(*) FROM stepcollect_outbox`
+
+	// What every replica exports at scrape time: the outbox (its count,
+	// and the age of its oldest event by the server's clock, through the
+	// created_at index) and the last sweep's findings.
+	qGauges = `
+SELECT (SELECT COUNT(*) FROM stepcollect_outbox),
+  (SELECT TIMESTAMPDIFF(MICROSECOND, MIN(created_at), CURRENT_TIMESTAMP(6)) FROM stepcollect_outbox),
+  (SELECT value FROM stepcollect_state WHERE name = 'uncollected_steps'),
+  (SELECT TIMESTAMPDIFF(MICROSECOND, updated_at, CURRENT_TIMESTAMP(6)) FROM stepcollect_state WHERE name = 'uncollected_steps')`
+
+	// Upsert through a derived table (see qRecordWorkflowStarted).
+	qRecordState = `
+INSERT INTO stepcollect_state (name, value)
+SELECT * FROM (SELECT ? AS n, ? AS v) AS x
+ON DUPLICATE KEY UPDATE value = x.v, updated_at = CURRENT_TIMESTAMP(6)`
 
 	qStepStatus = `
 SELECT s.workflow_name, s.instance_id, s.step_name, s.created_at,
