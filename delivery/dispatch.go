@@ -135,10 +135,11 @@ func (p *Dispatcher) loop(ctx, work context.Context) {
 // failed ones off.
 func (p *Dispatcher) deliverBatch(ctx context.Context, evs []*storage.OutboxEvent) {
 	var (
-		mu       sync.Mutex
-		inFlight = make(map[int64]bool, len(evs))
-		acked    []int64
-		wg       sync.WaitGroup
+		mu        sync.Mutex
+		inFlight  = make(map[int64]bool, len(evs))
+		acked     []int64
+		abandoned int
+		wg        sync.WaitGroup
 	)
 	for _, ev := range evs {
 		inFlight[ev.ID] = true
@@ -176,6 +177,12 @@ func (p *Dispatcher) deliverBatch(ctx context.Context, evs []*storage.OutboxEven
 				acked = append(acked, ev.ID)
 			}
 			mu.Unlock()
+			if err != nil && ctx.Err() != nil {
+				mu.Lock()
+				abandoned++ // stopping: its lease lapses, another worker takes it
+				mu.Unlock()
+				return
+			}
 			if err != nil {
 				retryAt := time.Now().Add(p.backoff(ev.Attempts))
 				if ferr := p.store.FailEvent(ctx, ev.ID, err.Error(), retryAt); ferr != nil {
@@ -188,8 +195,19 @@ func (p *Dispatcher) deliverBatch(ctx context.Context, evs []*storage.OutboxEven
 	}
 	wg.Wait()
 	close(renewDone)
+	if abandoned > 0 {
+		p.d.logger.Info().Int(logkeys.Count, abandoned).Dur("lease", p.cfg.Lease).
+			Msg("stopping: deliveries in flight abandoned; their leases lapse and another worker delivers them")
+	}
 	if len(acked) == 0 {
 		return
+	}
+	if ctx.Err() != nil {
+		// the work context is gone: acknowledge on a short one of our own,
+		// or these delivered events are delivered again
+		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+		defer cancel()
+		ctx = actx
 	}
 	if err := p.store.AckEvents(ctx, acked); err != nil {
 		// delivered but not removed: they will be delivered again once
