@@ -184,9 +184,8 @@ func await(t *testing.T, within time.Duration, what string, cond func() bool) {
 }
 
 func outboxRows(t *testing.T, s *service) int {
-	var n int
-	s.db.QueryRow(`SELECT COUNT(*) FROM stepcollect_outbox`).Scan(&n)
-	return n
+	t.Helper()
+	return testdb.Count(t, s.db.DB, `SELECT COUNT(*) FROM stepcollect_outbox`)
 }
 
 func TestEveryCompletionIsDeliveredSignedAndADedupingReceiverSeesExactlyN(t *testing.T) {
@@ -225,9 +224,7 @@ func TestReceiverDownForAWhileLosesNothingAndDoesNotBlockCollection(t *testing.T
 
 	// collection is not held up by the failing deliveries
 	await(t, 10*time.Second, "the step collected while the receiver refuses", func() bool {
-		var n int
-		s.db.QueryRow(`SELECT COUNT(*) FROM steps`).Scan(&n)
-		return n == 0
+		return testdb.Count(t, s.db.DB, `SELECT COUNT(*) FROM steps`) == 0
 	})
 	await(t, 10*time.Second, "deliveries tried and refused", func() bool {
 		rcv.mu.Lock()

@@ -237,17 +237,22 @@ func TestTwoReplicasDeleteEachStepOnceAndSweepOncePerInterval(t *testing.T) {
 	if took, ok := awaitEmpty(t, b.db.DB, 10*time.Second); !ok {
 		t.Fatalf("not collected after %v: %+v", took, countRows(t, b.db.DB))
 	}
-	time.Sleep(3 * interval) // let a few more slots pass with both replicas up
-
 	var collected, sweeps float64
-	for _, u := range urls {
-		fams, err := scrape.Families(u)
-		if err != nil {
-			t.Fatal(err)
+	read := func() {
+		collected, sweeps = 0, 0
+		for _, u := range urls {
+			fams, err := scrape.Families(u)
+			if err != nil {
+				t.Fatal(err)
+			}
+			collected += scrape.Value(fams, "stepcollect_steps_collected_total")
+			sweeps += scrape.Value(fams, "stepcollect_sweeps_total")
 		}
-		collected += scrape.Value(fams, "stepcollect_steps_collected_total")
-		sweeps += scrape.Value(fams, "stepcollect_sweeps_total")
 	}
+	// let three more slots pass with both replicas up: three more sweeps
+	read()
+	before := sweeps
+	await(t, 10*interval, "three more sweeps with both replicas up", func() bool { read(); return sweeps >= before+3 })
 	if collected != 120 {
 		t.Errorf("steps deleted across replicas: %v, want each of the 120 exactly once", collected)
 	}

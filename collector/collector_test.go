@@ -71,8 +71,11 @@ func (b *bundle) storeStep(t *testing.T, name string, answered int) int64 {
 
 func (b *bundle) exists(t *testing.T, stepID int64) (step, refs, raw int) {
 	t.Helper()
-	b.db.QueryRow(`SELECT (SELECT COUNT(*) FROM steps WHERE id = ?), (SELECT COUNT(*) FROM id_commands WHERE step_id = ?), (SELECT COUNT(*) FROM step_commands WHERE step_id = ?)`,
+	err := b.db.QueryRow(`SELECT (SELECT COUNT(*) FROM steps WHERE id = ?), (SELECT COUNT(*) FROM id_commands WHERE step_id = ?), (SELECT COUNT(*) FROM step_commands WHERE step_id = ?)`,
 		stepID, stepID, stepID).Scan(&step, &refs, &raw)
+	if err != nil {
+		t.Fatalf("rows of step %d: %v", stepID, err)
+	}
 	return
 }
 
@@ -165,8 +168,7 @@ func TestSweepFindsEveryUnreferencedStepAcrossPages(t *testing.T) {
 			t.Errorf("step %d not collected", id)
 		}
 	}
-	var left int
-	b.db.QueryRow(`SELECT COUNT(*) FROM steps`).Scan(&left)
+	left := testdb.Count(t, b.db.DB, `SELECT COUNT(*) FROM steps`)
 	if left != 25-len(want) {
 		t.Errorf("%d steps left, want the %d referenced ones", left, 25-len(want))
 	}

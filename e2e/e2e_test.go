@@ -172,7 +172,9 @@ func TestFanOutOf500ThroughTheRealBinaries(t *testing.T) {
 	for rows.Next() {
 		var id, typ string
 		var payload []byte
-		rows.Scan(&id, &typ, &payload)
+		if err := rows.Scan(&id, &typ, &payload); err != nil {
+			t.Fatal(err)
+		}
 		var ev events.Event
 		if err := json.Unmarshal(payload, &ev); err != nil {
 			t.Fatal(err)
@@ -191,8 +193,7 @@ func TestFanOutOf500ThroughTheRealBinaries(t *testing.T) {
 			t.Errorf("%s: %d events", id, c)
 		}
 	}
-	var left int
-	s.db.QueryRow(`SELECT (SELECT COUNT(*) FROM steps) + (SELECT COUNT(*) FROM id_commands) + (SELECT COUNT(*) FROM step_commands)`).Scan(&left)
+	left := testdb.Count(t, s.db.DB, `SELECT (SELECT COUNT(*) FROM steps) + (SELECT COUNT(*) FROM id_commands) + (SELECT COUNT(*) FROM step_commands)`)
 	if left != 0 {
 		t.Errorf("%d step rows left", left)
 	}

@@ -189,7 +189,9 @@ func snapshot(t *testing.T, db *sql.DB) string {
 	for rows.Next() {
 		var name string
 		var sum sql.NullInt64
-		rows.Scan(&name, &sum)
+		if err := rows.Scan(&name, &sum); err != nil {
+			t.Fatal(err)
+		}
 		out = append(out, fmt.Sprintf("%s=%d", name, sum.Int64))
 	}
 	return strings.Join(out, " ")

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
 	"github.com/micromdm/nanomdm/mdm"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
@@ -67,7 +68,9 @@ func TestNanoMDMResultsCompleteAStepAndWriteOneEventEach(t *testing.T) {
 	for rows.Next() {
 		var id string
 		var payload []byte
-		rows.Scan(&id, &payload)
+		if err := rows.Scan(&id, &payload); err != nil {
+			t.Fatal(err)
+		}
 		var ev events.Event
 		if err := json.Unmarshal(payload, &ev); err != nil {
 			t.Fatal(err)
@@ -224,12 +227,13 @@ func TestWebhookAnswers200AndCommitsWithRedisDown(t *testing.T) {
 // result commits once.
 func TestWebhookAnswers503WhenMySQLIsUnreachableAndNothingIsHalfWritten(t *testing.T) {
 	db := testdb.New(t, nil)
-	proxy := tcpproxy.Start(t, "127.0.0.1:3306")
-	proxied := strings.Replace(db.DSN, "tcp(127.0.0.1:3306)", "tcp("+proxy.Addr+")", 1)
-	if proxied == db.DSN {
-		t.Skipf("test server DSN %q is not on 127.0.0.1:3306", db.DSN)
+	cfg, err := mysql.ParseDSN(db.DSN)
+	if err != nil {
+		t.Fatal(err)
 	}
-	pdb, err := stepmysql.OpenDB(proxied)
+	proxy := tcpproxy.Start(t, cfg.Addr) // whichever server the tests use
+	cfg.Net, cfg.Addr = "tcp", proxy.Addr
+	pdb, err := stepmysql.OpenDB(cfg.FormatDSN())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -113,8 +113,7 @@ func TestAPICreatesTheDatabaseWhenItIsMissing(t *testing.T) {
 	addr := testproc.FreeAddr(t)
 	p := testproc.Start(t, apiBin, []string{"STEPCOLLECT_MYSQL_DSN=" + dsn, "STEPCOLLECT_REDIS_URL=" + rs.URL}, "-listen", addr)
 	testproc.AwaitHTTP(t, p, "http://"+addr+"/readyz", 20*time.Second)
-	var tables int
-	db.QueryRow(`SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = ?`, fresh).Scan(&tables)
+	tables := testdb.Count(t, db.DB, `SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = ?`, fresh)
 	if tables < 7 {
 		t.Errorf("%d tables in the created database, want the schema's 7", tables)
 	}

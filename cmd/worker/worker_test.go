@@ -13,6 +13,7 @@ import (
 	"github.com/hibiken/asynq"
 	nanostorage "github.com/micromdm/nanocmd/engine/storage"
 
+	"github.com/stepcollect/stepcollect/internal/scrape"
 	"github.com/stepcollect/stepcollect/internal/testdb"
 	"github.com/stepcollect/stepcollect/internal/testproc"
 	"github.com/stepcollect/stepcollect/internal/testredis"
@@ -40,10 +41,18 @@ func TestMain(m *testing.M) {
 
 func startWorkerProc(t *testing.T, dsn, redisURL string, sweep time.Duration) *testproc.Proc {
 	t.Helper()
+	p, _ := startWorkerProcAt(t, dsn, redisURL, sweep)
+	return p
+}
+
+// startWorkerProcAt also returns the worker's /metrics URL.
+func startWorkerProcAt(t *testing.T, dsn, redisURL string, sweep time.Duration) (*testproc.Proc, string) {
+	t.Helper()
+	addr := testproc.FreeAddr(t)
 	return testproc.Start(t, workerBin, []string{
 		"STEPCOLLECT_MYSQL_DSN=" + dsn, "STEPCOLLECT_REDIS_URL=" + redisURL,
-		"STEPCOLLECT_METRICS_LISTEN=" + testproc.FreeAddr(t), "STEPCOLLECT_SWEEP_INTERVAL=" + sweep.String(),
-	}, "-concurrency", "4", "-log-level", "warn")
+		"STEPCOLLECT_METRICS_LISTEN=" + addr, "STEPCOLLECT_SWEEP_INTERVAL=" + sweep.String(),
+	}, "-concurrency", "4", "-log-level", "warn"), "http://" + addr + "/metrics"
 }
 
 func countSteps(t *testing.T, db *sql.DB) int {
@@ -142,8 +151,20 @@ func TestWorkerKilledMidBatchAndRestartedCollectsEverything(t *testing.T) {
 func TestWorkerStopsCleanlyOnSIGTERM(t *testing.T) {
 	db := testdb.New(t, nil)
 	rs := testredis.Start(t)
-	w := startWorkerProc(t, db.DSN, rs.URL, time.Second)
-	time.Sleep(1500 * time.Millisecond) // let it start and sweep once
+	w, metricsURL := startWorkerProcAt(t, db.DSN, rs.URL, time.Second)
+	// stop it once it has visibly done a sweep task, so that the stop
+	// interrupts a worker at work, not one still starting
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		fams, err := scrape.Families(metricsURL)
+		if err == nil && scrape.Value(fams, "stepcollect_sweeps_total") >= 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no sweep within 15s (last scrape error %v):\n%s", err, w.Logs())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 	start := time.Now()
 	if err := w.Stop(); err != nil {
 		t.Fatalf("worker exited with %v on SIGTERM:\n%s", err, w.Logs())

@@ -140,3 +140,14 @@ func CountStepRows(t testing.TB, db *sql.DB) StepRows {
 	}
 	return c
 }
+
+// Count runs a query whose one row is integers and returns them, failing t
+// on any error: a broken count query must fail the test, never read as 0.
+func Count(t testing.TB, db *sql.DB, query string, args ...any) int {
+	t.Helper()
+	var n int
+	if err := db.QueryRow(query, args...).Scan(&n); err != nil {
+		t.Fatalf("%s: %v", strings.TrimSpace(query), err)
+	}
+	return n
+}

@@ -414,7 +414,7 @@ func TestCompletionLocksOnlyTheReportingEnrollmentsRows(t *testing.T) {
 		t.Errorf("completion waited on rows it does not own: retries %v", retries)
 	}
 	var left int
-	b.db.QueryRow(`SELECT COUNT(*) FROM id_commands WHERE enrollment_id = ?`, step.IDs[0]).Scan(&left)
+	left = testdb.Count(t, b.db.DB, `SELECT COUNT(*) FROM id_commands WHERE enrollment_id = ?`, step.IDs[0])
 	if left != 0 {
 		t.Errorf("enrollment rows left: %d", left)
 	}

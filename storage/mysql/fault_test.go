@@ -98,7 +98,14 @@ func (c *faultConnector) maybeKill(ctx context.Context, id driver.Value, query s
 	c.mu.Unlock()
 	if hit {
 		c.admin.ExecContext(ctx, "KILL CONNECTION ?", id)
-		time.Sleep(50 * time.Millisecond) // let the server close it
+		// wait until the server shows it gone, not for a guessed while
+		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+			var n int
+			err := c.admin.QueryRowContext(ctx, `SELECT COUNT(*) FROM information_schema.processlist WHERE id = ?`, id).Scan(&n)
+			if err != nil || n == 0 {
+				break
+			}
+		}
 	}
 }
 
@@ -244,7 +251,7 @@ func TestConnectionKilledMidTransactionIsRetriedAndTheResultCommitted(t *testing
 		t.Errorf("retries %v, want one connection retry", retries)
 	}
 	var left int
-	b.db.QueryRow(`SELECT COUNT(*) FROM id_commands WHERE enrollment_id = ?`, step.IDs[0]).Scan(&left)
+	left = testdb.Count(t, b.db.DB, `SELECT COUNT(*) FROM id_commands WHERE enrollment_id = ?`, step.IDs[0])
 	if left != 0 {
 		t.Errorf("rows of the enrollment left: %d", left)
 	}

@@ -180,7 +180,7 @@ func TestStoringAgainAfterCollectionMakesANewStep(t *testing.T) {
 		t.Fatalf("step id %d reused", first)
 	}
 	var n int
-	b.db.QueryRow(`SELECT COUNT(*) FROM id_commands WHERE step_id = ?`, first).Scan(&n)
+	n = testdb.Count(t, b.db.DB, `SELECT COUNT(*) FROM id_commands WHERE step_id = ?`, first)
 	if n != 0 {
 		t.Errorf("the collected step %d gained %d references", first, n)
 	}
@@ -210,7 +210,7 @@ func TestMigrateFromManyProcessesAtOnceAppliesOnce(t *testing.T) {
 		t.Fatalf("schema version %d of %d: %v", cur, latest, err)
 	}
 	var applied int
-	db.QueryRow(`SELECT COUNT(*) FROM ` + mysql.MigrationsTable + ` WHERE version_id > 0`).Scan(&applied)
+	applied = testdb.Count(t, db.DB, `SELECT COUNT(*) FROM `+mysql.MigrationsTable+` WHERE version_id > 0`)
 	if applied != int(latest) {
 		t.Errorf("%d migrations recorded, want %d (each once)", applied, latest)
 	}
