@@ -31,8 +31,8 @@ import (
 
 // Defaults shared by both binaries (../CONTRACT.md §2).
 const (
-	DefaultMySQLDSN = "root@tcp(127.0.0.1:3306)/stepcollect?parseTime=true"
-	DefaultRedisURL = "redis://127.0.0.1:6379/0"
+	DefaultMySQLDSN = config.DefaultMySQLDSN
+	DefaultRedisURL = config.DefaultRedisURL
 )
 
 // WorkerConfig is cmd/worker's configuration.

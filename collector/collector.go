@@ -49,7 +49,7 @@ func (h *Handler) ProcessTask(ctx context.Context, t *asynq.Task) error {
 	for i, st := range p.Steps {
 		ids[i] = st.ID
 	}
-	res, err := h.store.Collect(ctx, p.Steps)
+	res, err := h.store.Collect(ctx, p.UnreferencedSteps())
 	if err != nil {
 		h.logger.Warn().Err(err).Ints64(logkeys.StepIDs, ids).Msg("collecting steps; asynq will retry")
 		return fmt.Errorf("collect task: %w", err)

@@ -91,7 +91,7 @@ func (d *Deliverer) ProcessTask(ctx context.Context, t *asynq.Task) error {
 	if d.cfg.URL == "" {
 		return nil // no receiver configured: the event waits in the outbox
 	}
-	logger := d.logger.With().Int64("outbox_id", p.Event.ID).Str("event_id", p.Event.EventID).Str("type", p.Event.Type).Logger()
+	logger := d.logger.With().Int64(logkeys.OutboxID, p.Event.ID).Str(logkeys.EventID, p.Event.EventID).Str(logkeys.EventType, p.Event.Type).Logger()
 	// the lease covers this attempt; a failure below resets it
 	ev, err := d.store.ClaimEvent(ctx, p.Event.ID, d.cfg.Timeout+15*time.Second)
 	if errors.Is(err, storage.ErrEventNotClaimable) {
@@ -109,7 +109,7 @@ func (d *Deliverer) ProcessTask(ctx context.Context, t *asynq.Task) error {
 			// the receiver's dedup on event_id absorbs
 			return fmt.Errorf("removing delivered event %s: %w", ev.EventID, err)
 		}
-		logger.Debug().Int("attempts", ev.Attempts).Msg("event delivered")
+		logger.Debug().Int(logkeys.Attempt, ev.Attempts).Msg("event delivered")
 		return nil
 	}
 

@@ -186,9 +186,9 @@ func (p *Dispatcher) deliverBatch(ctx context.Context, evs []*storage.OutboxEven
 			if err != nil {
 				retryAt := time.Now().Add(p.backoff(ev.Attempts))
 				if ferr := p.store.FailEvent(ctx, ev.ID, err.Error(), retryAt); ferr != nil {
-					p.d.logger.Warn().Err(ferr).Int64("outbox_id", ev.ID).Msg("recording the failed delivery; its lease lapses instead")
+					p.d.logger.Warn().Err(ferr).Int64(logkeys.OutboxID, ev.ID).Msg("recording the failed delivery; its lease lapses instead")
 				}
-				p.d.logger.Info().Err(err).Int64("outbox_id", ev.ID).Str("event_id", ev.EventID).Str("type", ev.Type).
+				p.d.logger.Info().Err(err).Int64(logkeys.OutboxID, ev.ID).Str(logkeys.EventID, ev.EventID).Str(logkeys.EventType, ev.Type).
 					Int(logkeys.Attempt, ev.Attempts).Time("retry_at", retryAt).Msg("delivery failed; will retry")
 			}
 		}()

@@ -36,7 +36,7 @@ func (s *Server) webhook(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ctx := r.Context()
-	logger := zerolog.Ctx(ctx).With().Str("topic", ev.Topic).Str("event_id", ev.EventID).
+	logger := zerolog.Ctx(ctx).With().Str(logkeys.Topic, ev.Topic).Str(logkeys.EventID, ev.EventID).
 		Str(logkeys.EnrollmentID, ev.EnrollmentID).Str(logkeys.CommandUUID, ev.CommandUUID).Logger()
 	ctx = logger.WithContext(ctx)
 	r = r.WithContext(ctx)

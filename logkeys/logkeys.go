@@ -14,4 +14,8 @@ const (
 	Attempt      = "attempt"
 	Reason       = "reason"
 	Count        = "count"
+	OutboxID     = "outbox_id"
+	EventID      = "event_id"
+	EventType    = "event_type"
+	Topic        = "topic"
 )

@@ -87,10 +87,29 @@ const PayloadVersion = 1
 // ErrUnknownVersion marks a payload of a version this build cannot read.
 var ErrUnknownVersion = errors.New("unknown payload version")
 
-// CollectPayload asks for the given unreferenced steps to be collected.
+// The payloads are this package's own types, not the storage's: a field
+// renamed in storage must not silently change what is on the queue, which
+// PayloadVersion exists to protect. TestPayloadWireFormat pins them.
+
+// CollectPayload asks for the given released steps to be collected.
 type CollectPayload struct {
-	Version int                        `json:"v"`
-	Steps   []storage.UnreferencedStep `json:"steps"`
+	Version int           `json:"v"`
+	Steps   []CollectStep `json:"steps"`
+}
+
+// CollectStep is one step of a collect payload.
+type CollectStep struct {
+	ID         int64     `json:"id"`
+	ObservedAt time.Time `json:"observed_at"`
+}
+
+// UnreferencedSteps is the payload's steps as the storage takes them.
+func (p CollectPayload) UnreferencedSteps() []storage.UnreferencedStep {
+	out := make([]storage.UnreferencedStep, len(p.Steps))
+	for i, st := range p.Steps {
+		out[i] = storage.UnreferencedStep{ID: st.ID, ObservedAt: st.ObservedAt}
+	}
+	return out
 }
 
 // SweepPayload asks for one sweep (or schedule run), for the interval slot
@@ -100,10 +119,19 @@ type SweepPayload struct {
 	Slot    time.Time `json:"slot"`
 }
 
-// DeliverPayload asks for one outbox event to be delivered.
+// DeliverPayload asks for one outbox event to be delivered (written by
+// builds before the outbox dispatcher; still read).
 type DeliverPayload struct {
-	Version int               `json:"v"`
-	Event   storage.OutboxRef `json:"event"`
+	Version int          `json:"v"`
+	Event   DeliverEvent `json:"event"`
+}
+
+// DeliverEvent names the outbox row of a deliver payload.
+type DeliverEvent struct {
+	ID       int64  `json:"id"`
+	EventID  string `json:"event_id"`
+	Type     string `json:"type"`
+	Attempts int    `json:"attempts"`
 }
 
 // Collect options: retried soon (CollectRetryDelay) when MySQL fails or a
@@ -115,7 +143,11 @@ const (
 
 // NewCollectTask builds the collect task for steps and its options.
 func NewCollectTask(steps []storage.UnreferencedStep) (*asynq.Task, []asynq.Option, error) {
-	b, err := json.Marshal(CollectPayload{Version: PayloadVersion, Steps: steps})
+	p := CollectPayload{Version: PayloadVersion, Steps: make([]CollectStep, len(steps))}
+	for i, st := range steps {
+		p.Steps[i] = CollectStep{ID: st.ID, ObservedAt: st.ObservedAt}
+	}
+	b, err := json.Marshal(p)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -179,7 +211,8 @@ const (
 // offer twice while the first still waits behind a backlog. After a real
 // attempt the count moves on, and a new offer is a new task.
 func NewDeliverTask(ref storage.OutboxRef) (*asynq.Task, []asynq.Option, error) {
-	b, err := json.Marshal(DeliverPayload{Version: PayloadVersion, Event: ref})
+	b, err := json.Marshal(DeliverPayload{Version: PayloadVersion,
+		Event: DeliverEvent{ID: ref.ID, EventID: ref.EventID, Type: ref.Type, Attempts: ref.Attempts}})
 	if err != nil {
 		return nil, nil, err
 	}

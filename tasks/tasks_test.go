@@ -80,3 +80,27 @@ func TestEnqueuerFailsFastWhileRedisIsDown(t *testing.T) {
 		t.Errorf("%d failures counted, want 2", failures)
 	}
 }
+
+// The queue's wire format is pinned: renaming a field anywhere must fail
+// here, not silently change what a worker of another build reads.
+func TestPayloadWireFormat(t *testing.T) {
+	at := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+	task, _, err := tasks.NewCollectTask([]storage.UnreferencedStep{{ID: 7, ObservedAt: at}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := string(task.Payload()), `{"v":1,"steps":[{"id":7,"observed_at":"2026-11-29T12:00:00Z"}]}`; got != want {
+		t.Errorf("collect payload\n got %s\nwant %s", got, want)
+	}
+	task, _, err = tasks.NewDeliverTask(storage.OutboxRef{ID: 3, EventID: "e", Type: "step.completed", Attempts: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := string(task.Payload()), `{"v":1,"event":{"id":3,"event_id":"e","type":"step.completed","attempts":2}}`; got != want {
+		t.Errorf("deliver payload\n got %s\nwant %s", got, want)
+	}
+	p, err := tasks.ParseCollect(asynq.NewTask(tasks.TypeCollect, []byte(`{"v":1,"steps":[{"id":9,"observed_at":"2026-11-29T12:00:00Z"}]}`)))
+	if err != nil || len(p.UnreferencedSteps()) != 1 || p.UnreferencedSteps()[0].ID != 9 || !p.UnreferencedSteps()[0].ObservedAt.Equal(at) {
+		t.Errorf("reading a version-1 collect payload: %+v, %v", p, err)
+	}
+}

@@ -18,6 +18,12 @@ import (
 	"github.com/hibiken/asynq"
 )
 
+// Defaults every binary shares (the contract's §2).
+const (
+	DefaultMySQLDSN = "root@tcp(127.0.0.1:3306)/stepcollect?parseTime=true"
+	DefaultRedisURL = "redis://127.0.0.1:6379/0"
+)
+
 // Set is a flag set with environment fallbacks.
 type Set struct {
 	fs      *flag.FlagSet

@@ -5,21 +5,29 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"os"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
 
+	"github.com/stepcollect/stepcollect/internal/config"
 	stepmysql "github.com/stepcollect/stepcollect/storage/mysql"
 )
 
-const defaultDSN = "root@tcp(127.0.0.1:3306)/stepcollect?parseTime=true"
-
 func main() {
-	dsn := flag.String("mysql-dsn", envOr("STEPCOLLECT_MYSQL_DSN", defaultDSN), "MySQL DSN (env STEPCOLLECT_MYSQL_DSN)")
-	flag.Parse()
+	// the binaries' flag conventions: env fallback, one-line errors, the
+	// DSN's password kept out of -h
+	s := config.New("migrate", os.Getenv)
+	dsn := s.DSN("mysql-dsn", "STEPCOLLECT_MYSQL_DSN", config.DefaultMySQLDSN, "MySQL/MariaDB DSN (go-sql-driver form) of the database to create and migrate")
+	s.Check(config.MySQLDSN("mysql-dsn", dsn))
+	if err := s.Parse(os.Args[1:]); config.IsHelp(err) {
+		s.Usage(os.Stdout)
+		return
+	} else if err != nil {
+		fmt.Fprintln(os.Stderr, "migrate:", err)
+		os.Exit(2)
+	}
 	if err := run(*dsn); err != nil {
 		fmt.Fprintln(os.Stderr, "migrate:", err)
 		os.Exit(1)
@@ -54,11 +62,4 @@ func run(dsn string) error {
 	}
 	fmt.Printf("database %s on %s is at schema version %d\n", cfg.DBName, cfg.Addr, cur)
 	return nil
-}
-
-func envOr(k, def string) string {
-	if v := os.Getenv(k); v != "" {
-		return v
-	}
-	return def
 }
