@@ -144,7 +144,7 @@ func (r *runner) largeTable(want func(string) bool) *largeTable {
 			die("%v", err)
 		}
 		reg := prometheus.NewRegistry()
-		sw := collector.NewSweeper(collector.SweeperConfig{}, store, nil, metrics.NewSweeper(reg), metrics.NewDelivery(reg), zerolog.Nop())
+		sw := collector.NewSweeper(collector.SweeperConfig{}, store, nil, metrics.NewSweeper(reg), zerolog.Nop())
 		for run := range 3 {
 			start := time.Now()
 			res, err := sw.Sweep(context.Background())

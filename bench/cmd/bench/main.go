@@ -6,6 +6,13 @@
 // one Go build can hold only one version of NanoCMD), every measurement
 // gets a fresh migrated database, and every pool is warmed a few
 // connections at a time before the clock starts.
+//
+// The service rows run the real api and worker with a callback receiver in
+// the bench process (receiver.go), and time collection and delivery after
+// the last webhook 200. Beside them: a sustained run at the api's full
+// rate, sampled over time (-sustained, sustained.go), and how fast 1 or
+// more worker processes drain a backlog committed while none ran
+// (-workers, drain.go).
 package main
 
 import (
@@ -76,12 +83,34 @@ func main() {
 		shared  = flag.String("server", "", "use this server DSN (root, no database) instead of a private mariadbd; needs max_connections above 1000")
 		skipBig = flag.Bool("skip-large-table", false, "skip the 1M-row CancelSteps and sweeper measurements")
 		noProf  = flag.Bool("skip-profile", false, "skip the profiled service run")
-		only    = flag.String("only", "", "comma-separated row labels to run (default all)")
+		only    = flag.String("only", "", "comma-separated row labels to run (default all); \"sustained\" and \"workers\" name those runs alone")
+		susFor  = flag.Duration("sustained", 60*time.Second, "length of the sustained run at the api's full rate (0 skips it)")
+		susCfg  = flag.String("sustained-server", "defaults", "server setting of the sustained and worker-throughput runs: defaults or stricter")
+		wFlag   = flag.String("workers", "1,3", "comma-separated worker process counts for the worker-throughput table (empty or 0 skips it)")
+		wN      = flag.Int("workers-n", 10000, "results committed with the workers stopped, for the worker-throughput table")
 	)
 	flag.Parse()
 	ns, err := parseInts(*nsFlag)
 	if err != nil {
 		die("-n: %v", err)
+	}
+	var workerCounts []int
+	if *wFlag != "" && *wFlag != "0" {
+		if workerCounts, err = parseInts(*wFlag); err != nil {
+			die("-workers: %v", err)
+		}
+	}
+	if *wN < 1 {
+		die("-workers-n: %d is not a positive count", *wN)
+	}
+	var sideCfg *serverConfig
+	for i := range configs {
+		if configs[i].Name == *susCfg {
+			sideCfg = &configs[i]
+		}
+	}
+	if sideCfg == nil {
+		die("-sustained-server: %q is neither defaults nor stricter", *susCfg)
 	}
 	if err := os.MkdirAll(*outDir, 0o755); err != nil {
 		die("%v", err)
@@ -125,6 +154,14 @@ func main() {
 			r.total += 2 // the uncontended path, 1 and 4 commands
 		}
 	}
+	runSustained := *susFor > 0 && (want(implService) || want("sustained"))
+	if runSustained {
+		r.total++
+	}
+	if !want(implService) && !want("workers") {
+		workerCounts = nil
+	}
+	r.total += len(workerCounts)
 	started := time.Now()
 
 	for _, cfg := range configs {
@@ -152,6 +189,22 @@ func main() {
 			r.record(r.storage(im, fanout.ModeUncontended, configs[0], 50, false, k))
 		}
 	}
+	var sus *sustainedResult
+	if runSustained {
+		if sus, err = r.sustained(*sideCfg, *susFor, *outDir); err != nil {
+			die("sustained: %v", err)
+		}
+		r.recordJSON(sus)
+	}
+	var drains []*drainResult
+	for _, k := range workerCounts {
+		d, err := r.drain(*sideCfg, *wN, k)
+		if err != nil {
+			die("worker throughput: %v", err)
+		}
+		drains = append(drains, d)
+		r.recordJSON(d)
+	}
 	var large *largeTable
 	if !*skipBig {
 		large = r.largeTable(want)
@@ -161,7 +214,7 @@ func main() {
 		prof = r.profile(*outDir)
 	}
 
-	md := report(r.results, large, prof, version, started, time.Since(started))
+	md := report(r.results, sus, drains, large, prof, version, started, time.Since(started))
 	if err := os.WriteFile(filepath.Join(*outDir, "results.md"), []byte(md), 0o644); err != nil {
 		die("%v", err)
 	}
@@ -178,6 +231,12 @@ func (r *runner) record(res *fanout.Result, err error) {
 	}
 	r.results = append(r.results, res)
 	b, _ := json.Marshal(res)
+	r.raw.Write(append(b, '\n'))
+}
+
+// recordJSON writes a measurement that is not a fanout.Result to raw.jsonl.
+func (r *runner) recordJSON(v any) {
+	b, _ := json.Marshal(v)
 	r.raw.Write(append(b, '\n'))
 }
 
@@ -238,6 +297,11 @@ func done(res *fanout.Result) {
 	extra := ""
 	if res.LagP99MS > 0 {
 		extra = fmt.Sprintf(", lag p99 %.0f ms", res.LagP99MS)
+	}
+	if res.Impl == implService {
+		extra += fmt.Sprintf(", collected %s and delivered %s after the last 200, %d/%d events",
+			afterString(res.CollectedAfterMS, res.Stranded.Steps == 0), afterString(res.DeliveredAfterMS, res.EventsDistinct >= res.N),
+			res.EventsReceived, res.EventsDistinct)
 	}
 	fmt.Fprintf(os.Stderr, " %.0f ms, %d errors%s\n", res.WallMS, sum(res.Errors), extra)
 }

@@ -58,6 +58,19 @@ type Result struct {
 	// The service: collection lag from the worker's histogram.
 	LagP50MS float64 `json:"lag_p50_ms,omitempty"`
 	LagP99MS float64 `json:"lag_p99_ms,omitempty"`
+	// The service, with the bench's callback receiver: from the last
+	// webhook 200 to the steps table first seen empty, and to the arrival
+	// of the last of the N distinct step.completed events.
+	CollectedAfterMS float64 `json:"collected_after_ms,omitempty"`
+	DeliveredAfterMS float64 `json:"delivered_after_ms,omitempty"`
+	// step.completed POSTs the receiver answered, duplicates included, and
+	// the distinct event ids among them (N when every event arrived).
+	EventsReceived int `json:"events_received,omitempty"`
+	EventsDistinct int `json:"events_distinct,omitempty"`
+	// StepsCollected is the workers' stepcollect_steps_collected_total;
+	// OutboxLeft the events still in the outbox at the end.
+	StepsCollected int `json:"steps_collected,omitempty"`
+	OutboxLeft     int `json:"outbox_left,omitempty"`
 	// Config is the server setting the row was measured under.
 	Server string `json:"server,omitempty"`
 	// CPU is the CPU time each process used during the timed window, in ms
