@@ -1,18 +1,34 @@
-# Multi-stage build of both binaries into one small static image.
-#   docker build -t stepcollect .
-#   docker run stepcollect /api -h     (or /worker)
-FROM golang:1.26-bookworm AS build
+# Multi-stage build of the three binaries into one small static image.
+#   docker build -t stepcollect \
+#     --build-arg VERSION=$(git describe --always --dirty) \
+#     --build-arg COMMIT=$(git rev-parse --short=12 HEAD) .
+#   docker run stepcollect /api -version      (or /worker, /migrate; -h for the flags)
+# Both base images are pinned: the builder to an exact Go release, the
+# runtime by digest (distroless publishes no versioned tags).
+FROM golang:1.26.8-bookworm AS build
 WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
-RUN CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/api ./cmd/api \
- && CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/worker ./cmd/worker
+# What -version prints and stepcollect_build_info says (internal/version).
+# The build context has no .git (.dockerignore), so git describe and the
+# commit come in as arguments; the build time is taken here.
+ARG VERSION=devel
+ARG COMMIT=unknown
+ARG BUILD_DATE=
+RUN set -e; \
+    pkg=github.com/stepcollect/stepcollect/internal/version; \
+    date="${BUILD_DATE:-$(date -u +%Y-%m-%dT%H:%M:%SZ)}"; \
+    ldflags="-s -w -X $pkg.version=${VERSION:-devel} -X $pkg.commit=${COMMIT:-unknown} -X $pkg.date=$date"; \
+    for main in cmd/api cmd/worker internal/cmd/migrate; do \
+      CGO_ENABLED=0 go build -trimpath -buildvcs=false -ldflags="$ldflags" -o /out/ ./$main; \
+    done
 
 # distroless/static: CA certificates (rediss://, https callbacks), tzdata, a
-# non-root user, and nothing else.
-FROM gcr.io/distroless/static-debian12:nonroot
-COPY --from=build /out/api /out/worker /
+# non-root user, and nothing else: no shell, so health checks run
+# `/api -probe` and `/worker -probe`.
+FROM gcr.io/distroless/static-debian12:nonroot@sha256:d093aa3e30dbadd3efe1310db061a14da60299baff8450a17fe0ccc514a16639
+COPY --from=build /out/api /out/worker /out/migrate /
 USER nonroot:nonroot
 EXPOSE 9100 9101
 ENTRYPOINT []

@@ -10,9 +10,15 @@ run: services build
 	bin/migrate
 	@bash scripts/run.sh
 
+# What -version prints and stepcollect_build_info says, stamped into the
+# binaries (internal/version; the Dockerfile takes the same as build args).
+VERSION_LDFLAGS = -X github.com/stepcollect/stepcollect/internal/version.version=$(shell git describe --always --dirty 2>/dev/null || echo devel) \
+                  -X github.com/stepcollect/stepcollect/internal/version.commit=$(shell git rev-parse --short=12 HEAD 2>/dev/null || echo unknown) \
+                  -X github.com/stepcollect/stepcollect/internal/version.date=$(shell date -u +%Y-%m-%dT%H:%M:%SZ)
+
 build:
 	mkdir -p bin
-	$(GO) build -o bin/ ./cmd/... ./internal/cmd/migrate
+	$(GO) build -ldflags "$(VERSION_LDFLAGS)" -o bin/ ./cmd/... ./internal/cmd/migrate
 
 test: vet
 	$(GO) test -race -count=1 ./...
@@ -45,7 +51,11 @@ bench: bench-build
 
 bench-build:
 	mkdir -p bin/bench
-	$(GO) build -o bin/bench/ ./cmd/api ./cmd/worker
+	$(GO) build -ldflags "$(VERSION_LDFLAGS)" -o bin/bench/ ./cmd/api ./cmd/worker
 	cd bench && $(GO) build -o ../bin/bench/fanout-stepcollect ./cmd/fanout-stepcollect
 	cd bench && $(GO) build -o ../bin/bench/fanout-nanocmd-v0.7.1 ./cmd/fanout-nanocmd
 	cd bench && $(GO) build -modfile=go.v070.mod -o ../bin/bench/fanout-nanocmd-v0.7.0 ./cmd/fanout-nanocmd
+	cd bench && $(GO) build -o ../bin/bench/nanocmd github.com/micromdm/nanocmd/cmd/nanocmd
+	rm -f bin/bench/nanocmd-schema.sql
+	d=$$(cd bench && $(GO) list -m -f '{{.Dir}}' github.com/micromdm/nanocmd) && \
+		cat $$d/engine/storage/mysql/schema.sql $$d/subsystem/profile/storage/mysql/schema.sql > bin/bench/nanocmd-schema.sql

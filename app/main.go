@@ -14,6 +14,7 @@ import (
 
 	"github.com/stepcollect/stepcollect/internal/config"
 	"github.com/stepcollect/stepcollect/internal/logging"
+	"github.com/stepcollect/stepcollect/internal/version"
 	"github.com/stepcollect/stepcollect/metrics"
 	stepmysql "github.com/stepcollect/stepcollect/storage/mysql"
 	"github.com/stepcollect/stepcollect/tasks"
@@ -35,6 +36,9 @@ func addCommonFlags(s *config.Set) *commonFlags {
 		level:    s.String("log-level", "STEPCOLLECT_LOG_LEVEL", "info", "debug, info, warn or error"),
 		format:   s.String("log-format", "STEPCOLLECT_LOG_FORMAT", "json", "json, or console for people"),
 	}
+	// read back by run through the Set: GET this binary's own /readyz
+	// (the container health check) instead of starting
+	s.Switch("probe", "GET this binary's own /readyz (on -listen, or -metrics-listen) and exit 0 if it answers 200, else 1; starts nothing")
 	s.Check(config.MySQLDSN("mysql-dsn", f.dsn))
 	s.Check(config.RedisURL("redis-url", f.redis))
 	s.Check(func() error {
@@ -66,15 +70,20 @@ func Main[C any](name string, parse func([]string, func(string) string) (C, *con
 func run[C any](name string, parse func([]string, func(string) string) (C, *config.Set, error),
 	logs func(C) (level, format string), start func(context.Context, C, zerolog.Logger) (Service, error)) int {
 	cfg, flags, err := parse(os.Args[1:], os.Getenv)
-	if config.IsHelp(err) {
+	if config.IsHelp(err) { // -h, or -version (Usage writes its line)
 		flags.Usage(os.Stdout)
 		return 0
 	} else if err != nil {
 		fmt.Fprintln(os.Stderr, name+":", err)
 		return 2
 	}
+	if p, _ := flags.Lookup("probe"); p == "true" {
+		return probe(flags, os.Stdout, os.Stderr)
+	}
 	level, format := logs(cfg)
 	logger, _ := logging.New(os.Stderr, level, format)
+	v := version.Get()
+	logger.Info().Str("version", v.Version).Str("commit", v.Commit).Str("built", v.Date).Str("go_version", v.GoVersion).Msg(name + " starting")
 	if path := os.Getenv("STEPCOLLECT_CPU_PROFILE"); path != "" {
 		stop, err := logging.CPUProfile(path)
 		if err != nil {
@@ -129,6 +138,7 @@ func openDeps(ctx context.Context, redisURL, dsn string, maxConns int, migrate, 
 		d.enq.Close()
 		return nil, err
 	}
+	d.metrics.RegisterDB(d.db)
 	d.metrics.Up("mysql", func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()

@@ -1,9 +1,13 @@
 package metrics
 
 import (
+	"database/sql"
+
 	"github.com/hibiken/asynq"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/stepcollect/stepcollect/internal/version"
 )
 
 // Set is every stepcollect metric, registered on one registry. Both
@@ -23,6 +27,7 @@ type Set struct {
 func New(inspector *asynq.Inspector, taskTypes []string, queues ...string) *Set {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(NewBuildInfo(version.Get()))
 	s := &Set{
 		Registry: reg,
 		Storage:  NewStorage(reg),
@@ -50,4 +55,29 @@ func (s *Set) Up(name string, probe func() error) {
 		}
 		return 1
 	}))
+}
+
+// NewBuildInfo is stepcollect_build_info{version,commit,go_version}, always
+// 1: which build each replica runs (a rolling upgrade shows as two series),
+// the same values as the binary's -version.
+func NewBuildInfo(v version.Info) prometheus.Collector {
+	g := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: Namespace,
+		Name:      "build_info",
+		Help:      "Always 1; its labels say which build of stepcollect this process runs (as -version prints it).",
+	}, []string{"version", "commit", "go_version"})
+	g.WithLabelValues(v.Version, v.Commit, v.GoVersion).Set(1)
+	return g
+}
+
+// DBPoolName is the db_name label of the go_sql_* metrics RegisterDB exports.
+const DBPoolName = "stepcollect"
+
+// RegisterDB exports db's pool statistics (database/sql's DBStats, read at
+// scrape time) as client_golang's go_sql_* metrics with db_name
+// "stepcollect": open, in use and idle connections against
+// -mysql-max-conns, and how often and how long callers waited for one.
+// Call it once per Set, with the pool the storage uses.
+func (s *Set) RegisterDB(db *sql.DB) {
+	s.Registry.MustRegister(collectors.NewDBStatsCollector(db, DBPoolName))
 }

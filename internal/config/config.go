@@ -16,6 +16,8 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 	"github.com/hibiken/asynq"
+
+	"github.com/stepcollect/stepcollect/internal/version"
 )
 
 // Defaults every binary shares (the contract's §2).
@@ -32,6 +34,7 @@ type Set struct {
 	checks  []func() error
 	secrets []secretFlag
 	redact  map[string]func(string) string // flag name: how Usage shows its default
+	version *bool                          // -version, which every binary takes
 }
 
 type secretFlag struct {
@@ -44,7 +47,26 @@ type secretFlag struct {
 func New(name string, getenv func(string) string) *Set {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	return &Set{fs: fs, getenv: getenv}
+	s := &Set{fs: fs, getenv: getenv}
+	s.version = s.Switch("version", "print the version, commit, build time and Go version, and exit")
+	return s
+}
+
+// Switch defines a boolean flag with no environment fallback: an action
+// for one run of the binary (-version, -probe), which an environment
+// variable left set would turn into every run's.
+func (s *Set) Switch(name, usage string) *bool {
+	return s.fs.Bool(name, false, usage)
+}
+
+// Lookup returns the value of the flag name after Parse, as its String
+// method gives it, and whether the Set defines it.
+func (s *Set) Lookup(name string) (string, bool) {
+	f := s.fs.Lookup(name)
+	if f == nil {
+		return "", false
+	}
+	return f.Value.String(), true
 }
 
 func (s *Set) usage(name, env, usage string) string {
@@ -182,10 +204,16 @@ func (s *Set) Duration(name, env string, def time.Duration, usage string) *time.
 func (s *Set) Check(f func() error) { s.checks = append(s.checks, f) }
 
 // Parse parses args and runs the checks. It returns the first problem, in
-// one line naming the flag; flag.ErrHelp for -h.
+// one line naming the flag; flag.ErrHelp for -h. For -version it returns
+// an error for which both IsVersion and IsHelp are true, before looking at
+// any other value: a caller that only knows -h calls Usage, which then
+// writes the version line.
 func (s *Set) Parse(args []string) error {
 	if err := s.fs.Parse(args); err != nil {
 		return err
+	}
+	if *s.version {
+		return errVersion
 	}
 	if s.fs.NArg() > 0 {
 		return fmt.Errorf("unexpected argument %q", s.fs.Arg(0))
@@ -204,7 +232,13 @@ func (s *Set) Parse(args []string) error {
 // Usage writes the flags and their defaults to w. No secret shows: a
 // Secret flag says only whether it is set, a DSN or URL default has its
 // password replaced.
+//
+// After -version it writes the version line instead.
 func (s *Set) Usage(w io.Writer) {
+	if *s.version {
+		fmt.Fprintln(w, version.Line(s.fs.Name()))
+		return
+	}
 	for _, sf := range s.secrets {
 		f := s.fs.Lookup(sf.name)
 		f.Usage = sf.usage
@@ -222,8 +256,21 @@ func (s *Set) Usage(w io.Writer) {
 	s.fs.SetOutput(io.Discard)
 }
 
-// IsHelp reports whether err is the -h/-help request.
+// IsHelp reports whether err is the -h/-help request (or -version: see
+// Parse).
 func IsHelp(err error) bool { return errors.Is(err, flag.ErrHelp) }
+
+// IsVersion reports whether err is the -version request.
+func IsVersion(err error) bool { return errors.Is(err, errVersion) }
+
+// errVersion is Parse's answer to -version. It wraps flag.ErrHelp so that
+// a binary that handles only -h (IsHelp, then Usage) prints the version.
+var errVersion = versionRequest{}
+
+type versionRequest struct{}
+
+func (versionRequest) Error() string { return "-version: the version was asked for" }
+func (versionRequest) Unwrap() error { return flag.ErrHelp }
 
 // MySQLDSN checks a go-sql-driver DSN.
 func MySQLDSN(flagName string, dsn *string) func() error {
