@@ -75,13 +75,30 @@ type svcEnv struct {
 	inflight int
 	db       *sql.DB // the bench's own, to look at the tables
 	probe    *sql.Conn
+	// workerProfile is where the first worker writes its CPU profile
+	// (none when empty).
+	workerProfile string
 }
 
 // startEnv brings up the world for cfg: workers worker processes (none:
 // start them later with startWorkers), the api (writing a CPU profile to
 // profile when it is not empty) and inflight warmed client connections.
 func (r *runner) startEnv(cfg serverConfig, workers, inflight int, profile string) (e *svcEnv, err error) {
-	e = &svcEnv{bin: r.bin, cfg: cfg, inflight: inflight}
+	return r.startEnvWith(cfg, workers, inflight, envOptions{apiProfile: profile})
+}
+
+// envOptions are startEnvWith's extras: where the api and the first worker
+// write their CPU profiles (none when empty), and environment variables
+// every process gets after the bench's own (the last of a name wins).
+type envOptions struct {
+	apiProfile, workerProfile string
+	env                       []string
+}
+
+// startEnvWith is startEnv with opts.
+func (r *runner) startEnvWith(cfg serverConfig, workers, inflight int, opts envOptions) (e *svcEnv, err error) {
+	profile := opts.apiProfile
+	e = &svcEnv{bin: r.bin, cfg: cfg, inflight: inflight, workerProfile: opts.workerProfile}
 	defer func() {
 		if err != nil {
 			e.close()
@@ -104,8 +121,8 @@ func (r *runner) startEnv(cfg serverConfig, workers, inflight int, profile strin
 	if err != nil {
 		return nil, fmt.Errorf("redis-server: %w", err)
 	}
-	e.env = []string{"STEPCOLLECT_MYSQL_DSN=" + e.dsn, fmt.Sprintf("STEPCOLLECT_REDIS_URL=redis://127.0.0.1:%d/0", redisPort),
-		"STEPCOLLECT_LOG_LEVEL=warn"}
+	e.env = append([]string{"STEPCOLLECT_MYSQL_DSN=" + e.dsn, fmt.Sprintf("STEPCOLLECT_REDIS_URL=redis://127.0.0.1:%d/0", redisPort),
+		"STEPCOLLECT_LOG_LEVEL=warn"}, opts.env...)
 	if e.recv, err = startReceiver(); err != nil {
 		return nil, err
 	}
@@ -156,7 +173,11 @@ func (e *svcEnv) startWorkers(k int) (time.Time, error) {
 	var started []*proc
 	for range k {
 		port, _ := freePort()
-		w, err := startProc(filepath.Join(e.bin, "worker"), e.env, "-metrics-listen", fmt.Sprintf("127.0.0.1:%d", port),
+		env := e.env
+		if e.workerProfile != "" && len(e.workers) == 0 {
+			env = append(append([]string(nil), e.env...), "STEPCOLLECT_CPU_PROFILE="+e.workerProfile)
+		}
+		w, err := startProc(filepath.Join(e.bin, "worker"), env, "-metrics-listen", fmt.Sprintf("127.0.0.1:%d", port),
 			"-migrate=false", "-sweep-interval", "0", "-callback-url", e.recv.URL)
 		if err != nil {
 			return time.Time{}, err

@@ -12,7 +12,9 @@
 // the last webhook 200. Beside them: a sustained run at the api's full
 // rate, sampled over time (-sustained, sustained.go), and how fast 1 or
 // more worker processes drain a backlog committed while none ran
-// (-workers, drain.go).
+// (-workers, drain.go). And end to end against NanoCMD v0.7.1's own
+// server, each given the same step and the same results through NanoMDM's
+// webhook sender (-e2e-n, e2e.go).
 package main
 
 import (
@@ -83,11 +85,13 @@ func main() {
 		shared  = flag.String("server", "", "use this server DSN (root, no database) instead of a private mariadbd; needs max_connections above 1000")
 		skipBig = flag.Bool("skip-large-table", false, "skip the 1M-row CancelSteps and sweeper measurements")
 		noProf  = flag.Bool("skip-profile", false, "skip the profiled service run")
-		only    = flag.String("only", "", "comma-separated row labels to run (default all); \"sustained\" and \"workers\" name those runs alone")
+		only    = flag.String("only", "", "comma-separated row labels to run (default all); \"sustained\", \"workers\" and \"e2e\" name those runs alone")
 		susFor  = flag.Duration("sustained", 60*time.Second, "length of the sustained run at the api's full rate (0 skips it)")
 		susCfg  = flag.String("sustained-server", "defaults", "server setting of the sustained and worker-throughput runs: defaults or stricter")
 		wFlag   = flag.String("workers", "1,3", "comma-separated worker process counts for the worker-throughput table (empty or 0 skips it)")
 		wN      = flag.Int("workers-n", 10000, "results committed with the workers stopped, for the worker-throughput table")
+		e2eN    = flag.Int("e2e-n", 3000, "enrollments of the end-to-end run against NanoCMD v0.7.1's own server (0 skips it; -only e2e runs it alone)")
+		e2eIn   = flag.Int("e2e-inflight", 64, "enrollments answering at once in the end-to-end run (each answers its commands one after another)")
 	)
 	flag.Parse()
 	ns, err := parseInts(*nsFlag)
@@ -102,6 +106,9 @@ func main() {
 	}
 	if *wN < 1 {
 		die("-workers-n: %d is not a positive count", *wN)
+	}
+	if *e2eN < 0 || *e2eIn < 1 {
+		die("-e2e-n %d, -e2e-inflight %d: want a count (0 skips) and a positive count", *e2eN, *e2eIn)
 	}
 	var sideCfg *serverConfig
 	for i := range configs {
@@ -162,6 +169,10 @@ func main() {
 		workerCounts = nil
 	}
 	r.total += len(workerCounts)
+	runE2E := *e2eN > 0 && want("e2e")
+	if runE2E {
+		r.total += 2
+	}
 	started := time.Now()
 
 	for _, cfg := range configs {
@@ -205,6 +216,13 @@ func main() {
 		drains = append(drains, d)
 		r.recordJSON(d)
 	}
+	var e2e *e2eResult
+	if runE2E {
+		if e2e, err = r.e2e(*e2eN, *e2eIn, *outDir); err != nil {
+			die("end to end: %v", err)
+		}
+		r.recordJSON(e2e)
+	}
 	var large *largeTable
 	if !*skipBig {
 		large = r.largeTable(want)
@@ -214,7 +232,7 @@ func main() {
 		prof = r.profile(*outDir)
 	}
 
-	md := report(r.results, sus, drains, large, prof, version, started, time.Since(started))
+	md := report(r.results, sus, drains, e2e, large, prof, version, started, time.Since(started))
 	if err := os.WriteFile(filepath.Join(*outDir, "results.md"), []byte(md), 0o644); err != nil {
 		die("%v", err)
 	}

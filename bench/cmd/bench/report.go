@@ -45,7 +45,7 @@ func index(results []*fanout.Result) map[key]*fanout.Result {
 	return m
 }
 
-func report(results []*fanout.Result, sus *sustainedResult, drains []*drainResult, large *largeTable, prof *profiled, version string, started time.Time, took time.Duration) string {
+func report(results []*fanout.Result, sus *sustainedResult, drains []*drainResult, e2e *e2eResult, large *largeTable, prof *profiled, version string, started time.Time, took time.Duration) string {
 	var b strings.Builder
 	host, _ := os.Hostname()
 	idx := index(results)
@@ -111,12 +111,15 @@ func report(results []*fanout.Result, sus *sustainedResult, drains []*drainResul
 		}
 	}
 
-	b.WriteString(goals(results, idx, sus, drains))
+	b.WriteString(goals(results, idx, sus, drains, e2e))
 	if sus != nil {
 		b.WriteString(sus.markdown())
 	}
 	if len(drains) > 0 {
 		b.WriteString(drainMarkdown(drains))
+	}
+	if e2e != nil {
+		b.WriteString(e2e.markdown())
 	}
 
 	b.WriteString("## The uncontended path\n\n50 enrollments, each with its own step, answering one result after another (defaults). " +
@@ -153,7 +156,7 @@ func report(results []*fanout.Result, sus *sustainedResult, drains []*drainResul
 }
 
 // goals states each goal beside the figures, as measured.
-func goals(results []*fanout.Result, idx map[key]*fanout.Result, sus *sustainedResult, drains []*drainResult) string {
+func goals(results []*fanout.Result, idx map[key]*fanout.Result, sus *sustainedResult, drains []*drainResult, e2e *e2eResult) string {
 	var b strings.Builder
 	b.WriteString("## Goals\n\n")
 
@@ -282,6 +285,9 @@ func goals(results []*fanout.Result, idx map[key]*fanout.Result, sus *sustainedR
 		fmt.Fprintf(&b, "- **Lag p99 under 1 s at the api's full rate** (sustained, %s, %.0f s): p99 %.0f ms, %.2f%% of the steps within 1 s, "+
 			"%.0f steps collected/s against %.0f results committed/s: %s.\n",
 			sus.Server, sus.LoadS, sus.LagP99MS, 100*sus.LagWithin1s, sus.CollectedPerS, sus.CommittedPerS, v)
+	}
+	if e2e != nil {
+		b.WriteString(e2e.goals())
 	}
 	b.WriteString("\n")
 	return b.String()
