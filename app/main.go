@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 	"github.com/rs/zerolog"
 
 	"github.com/stepcollect/stepcollect/internal/config"
@@ -126,6 +127,7 @@ func openDeps(ctx context.Context, redisURL, dsn string, maxConns int, migrate, 
 	if err != nil {
 		return nil, fmt.Errorf("-redis-url: %w", err)
 	}
+	redis.SetLogger(redisLogger{logger.With().Str("component", "redis").Logger()})
 	d := &deps{redisOpt: redisOpt, metrics: newMetrics(redisOpt)}
 	d.enq = tasks.NewEnqueuer(redisOpt, tasks.OnEnqueueFailure(d.metrics.Enqueue.Failed))
 	opts := []stepmysql.Option{stepmysql.WithObserver(d.metrics.Storage), stepmysql.WithOutbox()}
@@ -152,4 +154,13 @@ func openDeps(ctx context.Context, redisURL, dsn string, maxConns int, migrate, 
 func (d *deps) close() {
 	d.enq.Close()
 	d.db.Close()
+}
+
+// redisLogger routes go-redis's own messages (a Sentinel switching the
+// primary, a bad pub/sub connection) into the JSON logs instead of
+// standard error's plain text.
+type redisLogger struct{ l zerolog.Logger }
+
+func (r redisLogger) Printf(_ context.Context, format string, v ...any) {
+	r.l.Info().Msg(fmt.Sprintf(format, v...))
 }

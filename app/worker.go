@@ -23,6 +23,7 @@ import (
 	"github.com/stepcollect/stepcollect/httpapi"
 	"github.com/stepcollect/stepcollect/internal/config"
 	"github.com/stepcollect/stepcollect/internal/logging"
+	"github.com/stepcollect/stepcollect/logkeys"
 	"github.com/stepcollect/stepcollect/metrics"
 	"github.com/stepcollect/stepcollect/scheduler"
 	stepmysql "github.com/stepcollect/stepcollect/storage/mysql"
@@ -89,6 +90,7 @@ func ParseWorkerConfig(args []string, getenv func(string) string) (WorkerConfig,
 // the tickers of the sweeper and the scheduler.
 type Worker struct {
 	cfg        WorkerConfig
+	redisOpt   asynq.RedisConnOpt
 	logger     zerolog.Logger
 	db         *sql.DB
 	store      *stepmysql.Storage
@@ -113,7 +115,7 @@ func NewWorker(ctx context.Context, cfg WorkerConfig, logger zerolog.Logger) (*W
 	}
 	redisOpt, m, enq, db, store := d.redisOpt, d.metrics, d.enq, d.db, d.store
 
-	w := &Worker{cfg: cfg, logger: logger, db: db, store: store, enq: enq}
+	w := &Worker{cfg: cfg, redisOpt: redisOpt, logger: logger, db: db, store: store, enq: enq}
 	// Events are offered by the dispatcher, which polls the outbox; the
 	// sweeper only counts them.
 	w.sweeper = collector.NewSweeper(collector.SweeperConfig{Interval: cfg.SweepInterval},
@@ -171,8 +173,9 @@ func (w *Worker) Run(ctx context.Context) error {
 		w.srv.Shutdown()
 		return fmt.Errorf("starting asynq delivery server: %w", err)
 	}
-	tickers := make(chan struct{}, 3)
+	tickers := make(chan struct{}, 4)
 	go func() { w.sweepAtStart(ctx); w.sweeper.Run(ctx); tickers <- struct{}{} }()
+	go func() { w.sweepOnQueueLoss(ctx); tickers <- struct{}{} }()
 	go func() { w.scheduler.Run(ctx); tickers <- struct{}{} }()
 	go func() { w.dispatcher.Run(ctx); tickers <- struct{}{} }()
 	callback := w.cfg.CallbackURL
@@ -192,6 +195,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	w.logger.Info().Msg("worker stopping")
 	w.srv.Shutdown()
 	w.deliverer.Shutdown()
+	<-tickers
 	<-tickers
 	<-tickers
 	<-tickers
@@ -219,6 +223,36 @@ func (w *Worker) sweepAtStart(ctx context.Context) {
 	w.logger.Info().Int("examined", res.Examined).Int("collected", res.Collected).Msg("swept at start")
 }
 
+// sweepOnQueueLoss sweeps once, in process, whenever Redis comes back after
+// failing, or comes back empty: the collect tasks it held (handed over by
+// the api, not yet taken by a worker) may be gone with it, and waiting for
+// the next sweep slot would cost up to an interval. Every replica does it;
+// collection is idempotent.
+func (w *Worker) sweepOnQueueLoss(ctx context.Context) {
+	if w.cfg.SweepInterval <= 0 {
+		return
+	}
+	sweep := func(reason string) {
+		res, err := w.sweeper.Sweep(ctx)
+		if err != nil && ctx.Err() == nil {
+			w.logger.Warn().Err(err).Str(logkeys.Reason, reason).Msg("sweep after a possible queue loss failed; the next sweep slot tries again")
+			return
+		}
+		w.logger.Info().Str(logkeys.Reason, reason).Int("examined", res.Examined).Int("collected", res.Collected).Msg("swept after a possible queue loss")
+	}
+	tasks.WatchQueueLoss(ctx, w.redisOpt, time.Second, w.logger, func(reason string) {
+		sweep(reason)
+		// once more a little later: after a failover, an api that heard of
+		// the new primary after this worker may still have handed steps to
+		// the old one, which discards them when it rejoins as a replica
+		select {
+		case <-ctx.Done():
+		case <-time.After(3 * time.Second):
+			sweep(reason + " (again)")
+		}
+	})
+}
+
 // asynqConfig is an asynq server's configuration for queues.
 func asynqConfig(cfg WorkerConfig, queues map[string]int, logger zerolog.Logger) asynq.Config {
 	return asynq.Config{
@@ -229,8 +263,12 @@ func asynqConfig(cfg WorkerConfig, queues map[string]int, logger zerolog.Logger)
 		// how often an idle server looks for new tasks (asynq's default
 		// is 1 s): collection lag is mostly this wait
 		TaskCheckInterval: 200 * time.Millisecond,
-		Logger:            logging.Asynq{L: logger},
-		LogLevel:          asynqLevel(logger.GetLevel()),
+		// how often retries and delayed tasks become pending (asynq's
+		// default is 5 s): a collect task failed by a MySQL outage runs
+		// again within its retry delay plus this once MySQL answers
+		DelayedTaskCheckInterval: time.Second,
+		Logger:                   logging.Asynq{L: logger},
+		LogLevel:                 asynqLevel(logger.GetLevel()),
 		ErrorHandler: asynq.ErrorHandlerFunc(func(ctx context.Context, t *asynq.Task, err error) {
 			logger.Debug().Err(err).Str("task", t.Type()).Msg("task failed; asynq retries it")
 		}),

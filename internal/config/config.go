@@ -292,6 +292,11 @@ func RedisURL(flagName string, u *string) func() error {
 		if _, err := asynq.ParseRedisURI(*u); err != nil {
 			return fmt.Errorf("-%s: %v", flagName, err)
 		}
+		// asynq accepts a Sentinel URL without the master's name, and
+		// then fails every command at run time with a misleading error
+		if p, err := url.Parse(*u); err == nil && p.Scheme == "redis-sentinel" && p.Query().Get("master") == "" {
+			return fmt.Errorf("-%s: a redis-sentinel:// URL needs ?master=<name> (the name Sentinel monitors)", flagName)
+		}
 		return nil
 	}
 }

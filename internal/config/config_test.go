@@ -35,6 +35,7 @@ func TestBadValuesAreOneLineNamingTheFlag(t *testing.T) {
 		{map[string]string{"T_ON": "maybe"}, nil, `-on: T_ON="maybe" is not true or false`},
 		{nil, []string{"-dsn", "nope"}, "-dsn: "},
 		{nil, []string{"-redis", "http://x"}, "-redis: "},
+		{nil, []string{"-redis", "redis-sentinel://127.0.0.1:26379"}, "-redis: a redis-sentinel:// URL needs ?master=<name>"},
 		{nil, []string{"-url", "ftp://x"}, `-url: "ftp://x" is not an http(s) URL`},
 		{nil, []string{"-listen", "nowhere"}, "-listen: "},
 		{nil, []string{"stray"}, `unexpected argument "stray"`},

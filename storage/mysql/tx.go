@@ -16,6 +16,9 @@ import (
 	"github.com/stepcollect/stepcollect/storage"
 )
 
+// maxConnRetries bounds the retries of a transaction whose connection broke.
+const maxConnRetries = 3
+
 // MySQL/MariaDB error numbers the storage acts on.
 const (
 	errDupEntry        = 1062
@@ -46,6 +49,7 @@ type txBody func(ctx context.Context, tx *sql.Tx, a *attempt) error
 // jittered exponential backoff. op names the operation in errors and metrics.
 func (s *Storage) inTx(ctx context.Context, op string, fn txBody) error {
 	a := &attempt{}
+	connRetries := 0
 	for {
 		a.n++
 		err := s.tryTx(ctx, fn, a)
@@ -58,6 +62,15 @@ func (s *Storage) inTx(ctx context.Context, op string, fn txBody) error {
 		}
 		if a.n >= s.maxAttempts {
 			return fmt.Errorf("%s: gave up after %d attempts: %w", op, a.n, err)
+		}
+		// A fresh connection is what a broken one needs, and the first
+		// retry gets one; more only hold the caller (a server that keeps
+		// dropping connections, or a read-only one with
+		// rejectReadOnly=true, is not coming back in milliseconds).
+		if reason == "connection" {
+			if connRetries++; connRetries > maxConnRetries {
+				return fmt.Errorf("%s: gave up after %d broken connections (the server is down, restarting, or read-only with rejectReadOnly=true): %w", op, connRetries, err)
+			}
 		}
 		s.observer.TxRetried(op, reason)
 		s.logger.Debug().Str(logkeys.Op, op).Int(logkeys.Attempt, a.n).

@@ -1,0 +1,255 @@
+package failover
+
+import (
+	"database/sql"
+	"fmt"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+
+	"github.com/stepcollect/stepcollect/internal/testha"
+	"github.com/stepcollect/stepcollect/internal/testredis"
+)
+
+// quick503 is how soon a webhook that cannot be committed must be answered
+// 503: far inside the webhook client's timeout (30 s here; NanoMDM sends
+// the webhook inside the device's own check-in request, which waits for
+// it), so that neither is held up. Measured: 1-2 ms with the DSN as it is;
+// about 1 s with rejectReadOnly=true, where every refusal ends the
+// connection and the storage tries ten times (up to 1.6 s of backoff)
+// before it answers. The bound leaves that retry loop room on a loaded
+// machine.
+const quick503 = 3 * time.Second
+
+// MySQL refusing writes for a while, as a managed MySQL or MariaDB does to
+// the old primary while it fails over: GLOBAL read_only on for four
+// seconds in the middle of the results, on a private mariadbd (the shared
+// server's globals are not the test's to change). The binaries connect as
+// an ordinary user with every privilege on their database and none on the
+// server: read_only refuses its writes (MariaDB 10.11 lets a user with
+// READ_ONLY ADMIN, such as root, write through it).
+//
+// Every webhook sent and answered while read_only is on answers 503, each
+// within quick503; nothing is written for them (their id_commands row
+// untouched, no event), and every result answered 200 is committed (its
+// row gone, its event in the outbox or delivered). Once writes return,
+// every result answers 200 again without a restart, the 503 ones sent
+// again (NanoMDM would not; every enrollment must end up done) answer 200,
+// and within 15 s of read_only going off every step is collected and every
+// event delivered, each completion under one event id.
+//
+// It runs twice: with the DSN as it is, and with rejectReadOnly=true, as
+// README's "MySQL high availability" recommends for DNS-based failovers.
+func TestMySQLRefusesWritesForAWhile(t *testing.T) {
+	mdb := testha.StartMariaDB(t)
+	for _, c := range []struct {
+		name   string
+		reject bool
+	}{{"plain_dsn", false}, {"rejectReadOnly", true}} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Cleanup(func() {
+				if err := mdb.SetReadOnly(false); err != nil {
+					t.Errorf("read_only off: %v", err)
+				}
+			})
+			readOnlyRound(t, mdb, c.reject)
+		})
+	}
+}
+
+func readOnlyRound(t *testing.T, mdb *testha.MariaDB, rejectReadOnly bool) {
+	appDSN, rootDSN := mdb.NewDatabase(t, func(c *mysql.Config) { c.RejectReadOnly = rejectReadOnly })
+	root, err := sql.Open("mysql", rootDSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { root.Close() })
+	rs := testredis.Start(t)
+	s := startStack(t, appDSN, rs.URL, root)
+	name := fmt.Sprintf("read_only (rejectReadOnly=%v)", rejectReadOnly)
+
+	r := s.enqueue(t, "RO", enrollments())
+	const before, during, after = 2 * time.Second, 4 * time.Second, 2 * time.Second
+	began := time.Now()
+	done := s.stream(r.results(), before+during+after, 32)
+	// the fault's own schedule, not a wait for a condition
+	time.Sleep(time.Until(began.Add(before)))
+	if err := mdb.SetReadOnly(true); err != nil {
+		t.Fatal(err)
+	}
+	onAt := time.Now()
+	time.Sleep(time.Until(onAt.Add(during)))
+	offIssued := time.Now()
+	if err := mdb.SetReadOnly(false); err != nil {
+		t.Fatal(err)
+	}
+	offAt := time.Now()
+	answers := <-done
+
+	var ok, unavailable, inside, insideOK, afterOff, afterOffBad int
+	var took503 []time.Duration
+	var firstOKAfterOff time.Time
+	var again []result
+	bad := func(format string, args ...any) {
+		if afterOffBad+insideOK < 10 {
+			t.Errorf(name+": "+format, args...)
+		}
+	}
+	for _, a := range answers {
+		switch {
+		case a.err == nil && a.status == http.StatusOK:
+			ok++
+		case a.err == nil && a.status == http.StatusServiceUnavailable:
+			unavailable++
+			took503 = append(took503, a.took())
+			again = append(again, a.x)
+			if a.took() > quick503 {
+				t.Errorf("%s: webhook %s answered 503 after %v, not within %v", name, a.x, a.took().Round(time.Millisecond), quick503)
+			}
+		default:
+			t.Errorf("%s: webhook %s answered %d %q %v: only 200 or 503 are right", name, a.x, a.status, a.body, a.err)
+		}
+		if a.start.After(onAt) && a.end.Before(offIssued) {
+			inside++
+			if a.status != http.StatusServiceUnavailable {
+				insideOK++
+				bad("webhook %s sent %v after read_only went on and answered %d before it went off: a 503 was due",
+					a.x, a.start.Sub(onAt).Round(time.Millisecond), a.status)
+			}
+		}
+		if a.start.After(offAt) {
+			afterOff++
+			if a.status != http.StatusOK {
+				afterOffBad++
+				bad("webhook %s sent %v after read_only went off answered %d %q: writes are back, a 200 was due",
+					a.x, a.start.Sub(offAt).Round(time.Millisecond), a.status, a.body)
+			} else if firstOKAfterOff.IsZero() || a.end.Before(firstOKAfterOff) {
+				firstOKAfterOff = a.end
+			}
+		}
+	}
+	if inside == 0 {
+		t.Errorf("%s: no webhook was sent and answered while read_only was on: the test did not test", name)
+	}
+
+	// Before anything is sent again: every 200 committed, nothing written
+	// for a 503, nothing half-written anywhere.
+	s.checkNothingHalfWritten(t, name, answers)
+
+	// the 503 ones again, as the enrollments must end up done; a 503
+	// that persists is retried until the bound (the sender's retry, not a
+	// wait)
+	resent, rounds := len(again), 0
+	for len(again) > 0 && time.Since(offAt) < bound {
+		if rounds > 0 {
+			time.Sleep(100 * time.Millisecond)
+		}
+		rounds++
+		var still []result
+		for _, x := range again {
+			if a := s.send(x); a.err != nil || a.status != http.StatusOK {
+				still = append(still, x)
+			}
+		}
+		again = still
+	}
+	if len(again) > 0 {
+		t.Errorf("%s: %d results still not answered 200 %v after read_only went off", name, len(again), bound)
+	}
+	st := s.awaitSettled(t, offAt, name)
+	s.checkReceiver(t)
+
+	t.Logf("FAILOVER %s: %d results over %v, read_only on %v in for %v: %d answered 200, %d answered 503 (p50 %v, p99 %v, slowest %v); "+
+		"%d sent and answered inside the window, %d of them not 503",
+		name, len(answers), before+during+after, onAt.Sub(began).Round(time.Millisecond), offAt.Sub(onAt).Round(time.Millisecond), ok, unavailable,
+		percentile(took503, 50).Round(time.Millisecond), percentile(took503, 99).Round(time.Millisecond), percentile(took503, 100).Round(time.Millisecond),
+		inside, insideOK)
+	firstOK := "none"
+	if !firstOKAfterOff.IsZero() {
+		firstOK = firstOKAfterOff.Sub(offAt).Round(time.Millisecond).String()
+	}
+	t.Logf("FAILOVER %s: after read_only went off: %d sent, %d not 200, the first 200 %v after; %d answered 503 sent again in %d rounds; %s (from read_only off)",
+		name, afterOff, afterOffBad, firstOK, resent, rounds, st)
+	s.logMetrics(t)
+	s.logDigest(t, began, onAt)
+	s.stillRunning(t)
+	if !t.Failed() {
+		s.stop(t)
+	}
+}
+
+// checkNothingHalfWritten compares every result's answer with the
+// database: a result answered 200 has its id_commands row gone (the
+// enrollment's step is complete) and its completion event in the outbox
+// or delivered; one answered 503 has its row as it was enqueued (not
+// completed, no result) and no event. Any row is either untouched or
+// gone together with an event.
+func (s *stack) checkNothingHalfWritten(t *testing.T, name string, answers []answer) {
+	t.Helper()
+	type row struct{ completed, hasResult bool }
+	rows := map[string]row{}
+	q, err := s.db.Query(`SELECT enrollment_id, command_uuid, completed, result IS NOT NULL FROM id_commands`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for q.Next() {
+		var id, uuid string
+		var rw row
+		if err := q.Scan(&id, &uuid, &rw.completed, &rw.hasResult); err != nil {
+			t.Fatal(err)
+		}
+		rows[id+"/"+uuid] = rw
+	}
+	q.Close()
+	outbox := map[string]bool{}
+	q, err = s.db.Query(`SELECT step_id, COALESCE(enrollment_id, '') FROM stepcollect_outbox`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for q.Next() {
+		var step int64
+		var id string
+		if err := q.Scan(&step, &id); err != nil {
+			t.Fatal(err)
+		}
+		outbox[pairKey(step, id)] = true
+	}
+	q.Close()
+
+	var wrong []string
+	var committed, untouched int
+	for _, a := range answers {
+		id := a.x.r.id(a.x.i)
+		rw, present := rows[id+"/"+a.x.uuid()]
+		// read after the rows: an event acknowledged meanwhile is at the
+		// receiver, which records it before it acknowledges
+		event := outbox[pairKey(a.x.stepID(), id)] || s.rcv.has(a.x.stepID(), id)
+		switch {
+		case present && (rw.completed || rw.hasResult):
+			wrong = append(wrong, fmt.Sprintf("%s (answered %d): half-written: row completed=%v with a result=%v, not deleted", a.x, a.status, rw.completed, rw.hasResult))
+		case present && event:
+			wrong = append(wrong, fmt.Sprintf("%s (answered %d): half-written: an event for a step the enrollment has not completed", a.x, a.status))
+		case !present && !event:
+			wrong = append(wrong, fmt.Sprintf("%s (answered %d): half-written: row gone without an event", a.x, a.status))
+		case a.status == http.StatusOK && present:
+			wrong = append(wrong, fmt.Sprintf("%s: a false 200: its result is not committed", a.x))
+		case a.status == http.StatusServiceUnavailable && !present:
+			wrong = append(wrong, fmt.Sprintf("%s: answered 503 but committed", a.x))
+		case present:
+			untouched++
+		default:
+			committed++
+		}
+	}
+	for i, w := range wrong {
+		if i == 10 {
+			t.Errorf("%s: … and %d more", name, len(wrong)-10)
+			break
+		}
+		t.Errorf("%s: %s", name, w)
+	}
+	t.Logf("%s: before anything was sent again: %d results committed (answered 200), %d untouched (answered 503), %d wrong",
+		name, committed, untouched, len(wrong))
+}
