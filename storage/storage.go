@@ -94,11 +94,13 @@ const (
 	OpRecordStarted = "record workflow started"
 	OpDeleteOrphans = "delete orphaned raw commands"
 	OpClaimEvents   = "claim events"
+	OpAckEvents     = "acknowledge events"
+	OpRenewLeases   = "renew delivery leases"
 )
 
 // TxOps lists every transaction operation.
 var TxOps = []string{OpStoreResult, OpStoreNotNow, OpStoreStep, OpCancelSteps, OpCollectSteps,
-	OpDueSteps, OpTimeOutSteps, OpRePush, OpRecordStarted, OpDeleteOrphans, OpClaimEvents}
+	OpDueSteps, OpTimeOutSteps, OpRePush, OpRecordStarted, OpDeleteOrphans, OpClaimEvents, OpAckEvents, OpRenewLeases}
 
 // Retry reasons, the reason label of stepcollect_tx_retries_total.
 var RetryReasons = []string{"deadlock", "lock_wait_timeout", "connection"}

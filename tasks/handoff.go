@@ -19,8 +19,11 @@ type StepEnqueuer interface {
 // HandoffConfig configures a Handoff.
 type HandoffConfig struct {
 	// Window is how long released steps are gathered before one task
-	// carries them all. Default 5ms: far below the collection lag anyone
-	// sees, and at 500 results/s it already makes one task of a few.
+	// carries them all. Default 20ms, measured: at the api's full rate
+	// (about 2,300 results/s here) 20 ms against 5 ms cut the sustained
+	// collection lag p99 from 769 to 496 ms and the worst from 994 to
+	// 741 ms (fewer, larger tasks: fewer statements on the MySQL every
+	// result also needs), for 15 ms more on the median.
 	Window time.Duration
 	// MaxPerTask bounds the steps of one collect task. Default 1000 (one
 	// check and one claim statement).
@@ -59,7 +62,7 @@ var _ storage.Collector = (*Handoff)(nil)
 // to be enqueued.
 func NewHandoff(cfg HandoffConfig, enq StepEnqueuer, logger zerolog.Logger) *Handoff {
 	if cfg.Window <= 0 {
-		cfg.Window = 5 * time.Millisecond
+		cfg.Window = 20 * time.Millisecond
 	}
 	if cfg.MaxPerTask <= 0 {
 		cfg.MaxPerTask = 1000

@@ -95,20 +95,32 @@ func (s *Storage) ClaimDueEvents(ctx context.Context, limit int, lease time.Dura
 }
 
 // RenewLeases extends the lease of events whose delivery is still running.
+// Like AckEvents it runs through inTx, so a lock wait timeout or a
+// deadlock under load is retried rather than costing the lease.
 func (s *Storage) RenewLeases(ctx context.Context, ids []int64, lease time.Duration) error {
 	until := time.Now().Add(lease)
 	return chunks(ids, maxInList, func(c []int64) error {
-		if _, err := s.db.ExecContext(ctx, expand(qRenewLeases, len(c)), args(c, until)...); err != nil {
+		err := s.inTx(ctx, storage.OpRenewLeases, func(ctx context.Context, tx *sql.Tx, _ *attempt) error {
+			_, err := tx.ExecContext(ctx, expand(qRenewLeases, len(c)), args(c, until)...)
+			return err
+		})
+		if err != nil {
 			return fmt.Errorf("renewing the lease of events %v: %w", c, err)
 		}
 		return nil
 	})
 }
 
-// AckEvents removes delivered events from the outbox, in one statement.
+// AckEvents removes delivered events from the outbox, in one statement,
+// retried on a lock wait timeout or a deadlock: an acknowledgement lost
+// to one would be a redelivery once the lease lapses.
 func (s *Storage) AckEvents(ctx context.Context, ids []int64) error {
 	return chunks(ids, maxInList, func(c []int64) error {
-		if _, err := s.db.ExecContext(ctx, expand(qAckEvents, len(c)), args(c)...); err != nil {
+		err := s.inTx(ctx, storage.OpAckEvents, func(ctx context.Context, tx *sql.Tx, _ *attempt) error {
+			_, err := tx.ExecContext(ctx, expand(qAckEvents, len(c)), args(c)...)
+			return err
+		})
+		if err != nil {
 			return fmt.Errorf("acknowledging events %v: %w", c, err)
 		}
 		return nil

@@ -86,6 +86,8 @@ func main() {
 		skipBig = flag.Bool("skip-large-table", false, "skip the 1M-row CancelSteps and sweeper measurements")
 		noProf  = flag.Bool("skip-profile", false, "skip the profiled service run")
 		only    = flag.String("only", "", "comma-separated row labels to run (default all); \"sustained\", \"workers\" and \"e2e\" name those runs alone")
+		shapes  = flag.String("shapes", "one,each", "fan-out shapes: one (one step to N) and/or each (a step each, the control)")
+		nanoMax = flag.Int("nanocmd-max-n", 10000, "largest N NanoCMD's storage rows run at (above it they take minutes: N=100000 is about 7 minutes for v0.7.1)")
 		susFor  = flag.Duration("sustained", 60*time.Second, "length of the sustained run at the api's full rate (0 skips it)")
 		susCfg  = flag.String("sustained-server", "defaults", "server setting of the sustained and worker-throughput runs: defaults or stricter")
 		wFlag   = flag.String("workers", "1,3", "comma-separated worker process counts for the worker-throughput table (empty or 0 skips it)")
@@ -151,9 +153,25 @@ func main() {
 		labels = append(labels, im.Label)
 	}
 	labels = append(labels, implService)
+	var controls []bool
+	for _, sh := range strings.Split(*shapes, ",") {
+		switch strings.TrimSpace(sh) {
+		case "one":
+			controls = append(controls, false)
+		case "each":
+			controls = append(controls, true)
+		default:
+			die("-shapes: %q is not one or each", sh)
+		}
+	}
+	runsAt := func(label string, n int) bool {
+		return want(label) && (n <= *nanoMax || !strings.HasPrefix(label, "NanoCMD"))
+	}
 	for _, l := range labels {
-		if want(l) {
-			r.total += len(configs) * len(ns) * 2
+		for _, n := range ns {
+			if runsAt(l, n) {
+				r.total += len(configs) * len(controls)
+			}
 		}
 	}
 	for _, im := range storageImpls {
@@ -177,12 +195,12 @@ func main() {
 
 	for _, cfg := range configs {
 		for _, n := range ns {
-			for _, control := range []bool{false, true} {
+			for _, control := range controls {
 				if want(implFloor) {
 					r.record(r.floor(cfg, n, control))
 				}
 				for _, im := range storageImpls {
-					if want(im.Label) {
+					if runsAt(im.Label, n) {
 						r.record(r.storage(im, fanout.ModeFanOut, cfg, n, control, 1))
 					}
 				}

@@ -73,6 +73,7 @@ func report(results []*fanout.Result, sus *sustainedResult, drains []*drainResul
 		} else {
 			b.WriteString("## Fan-out: one step to N enrollments, all reporting at once\n\n")
 			b.WriteString("![wall time by N, stricter](fanout-stricter.png) ![wall time by N, defaults](fanout-defaults.png)\n\n")
+			b.WriteString("![time per result by N, stricter](perresult-stricter.png) ![time per result by N, defaults](perresult-defaults.png)\n\n")
 		}
 		for _, cfg := range configs {
 			fmt.Fprintf(&b, "### %s\n\n", cfg.Name)
@@ -479,6 +480,46 @@ func charts(results []*fanout.Result, ns []int, outDir string) error {
 		if err := p.Save(9*vg.Inch, 5.5*vg.Inch, filepath.Join(outDir, "fanout-"+cfg.Name+".png")); err != nil {
 			return err
 		}
+		if err := perResultChart(idx, ns, cfg, outDir); err != nil {
+			return err
+		}
 	}
 	return nil
+}
+
+// perResultChart plots wall time per result against N: flat means a design
+// whose cost per result does not grow with the fan-out.
+func perResultChart(idx map[key]*fanout.Result, ns []int, cfg serverConfig, outDir string) error {
+	p := plot.New()
+	p.Title.Text = fmt.Sprintf("Wall time per result, one step to N enrollments (%s)", cfg.Name)
+	p.X.Label.Text = "N (enrollments)"
+	p.Y.Label.Text = "ms per result (wall / N)"
+	p.X.Scale, p.Y.Scale = plot.LogScale{}, plot.LogScale{}
+	p.X.Tick.Marker, p.Y.Tick.Marker = plot.LogTicks{Prec: -1}, plot.LogTicks{Prec: -1}
+	p.Legend.Top, p.Legend.Left = true, true
+	p.Add(plotter.NewGrid())
+	for _, impl := range rowOrder {
+		var pts plotter.XYs
+		for _, n := range ns {
+			if r := idx[key{impl, cfg.Name, n, false}]; r != nil && r.WallMS > 0 {
+				pts = append(pts, plotter.XY{X: float64(n), Y: r.WallMS / float64(n)})
+			}
+		}
+		if len(pts) == 0 {
+			continue
+		}
+		line, points, err := plotter.NewLinePoints(pts)
+		if err != nil {
+			return err
+		}
+		line.Color, points.Color = palette[impl], palette[impl]
+		line.Width = vg.Points(2)
+		points.Shape = draw.CircleGlyph{}
+		if impl == implFloor {
+			line.Dashes = []vg.Length{vg.Points(4), vg.Points(3)}
+		}
+		p.Add(line, points)
+		p.Legend.Add(impl, line, points)
+	}
+	return p.Save(9*vg.Inch, 5.5*vg.Inch, filepath.Join(outDir, "perresult-"+cfg.Name+".png"))
 }
