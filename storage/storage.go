@@ -154,7 +154,8 @@ type OutboxEvent struct {
 // EventSink learns of events the storage wrote to the outbox, after the
 // transaction that wrote them committed, to put their delivery on the
 // queue. Like the Collector, its error is logged, never returned: the
-// events are committed, and the sweeper offers them again.
+// events are committed and stay in the outbox. The service does not use
+// one: its worker polls the outbox (delivery.Dispatcher).
 type EventSink interface {
 	EventsWritten(ctx context.Context, refs []OutboxRef) error
 }

@@ -87,8 +87,10 @@ func (e *Enqueuer) CollectSteps(ctx context.Context, steps []storage.Unreference
 }
 
 // EventsWritten enqueues one delivery task per event. It implements
-// storage.EventSink. It stops at the first failure: the rest would fail
-// too, and the sweeper offers every undelivered event again.
+// storage.EventSink for a library user who wants per-event tasks; the
+// service does not use it (the worker's dispatcher polls the outbox). It
+// stops at the first failure: the rest would fail too, and the events stay
+// in the outbox.
 func (e *Enqueuer) EventsWritten(ctx context.Context, refs []storage.OutboxRef) error {
 	for _, ref := range refs {
 		t, opts, err := NewDeliverTask(ref)

@@ -136,7 +136,7 @@ func (s *Storage) AckEvent(ctx context.Context, id int64) error {
 }
 
 // FailEvent records a failed delivery and leaves the event alone until
-// retryAt: the queue's own retry, or the sweeper's re-offer, after that.
+// retryAt, when its lease lapses and the dispatcher claims it again.
 func (s *Storage) FailEvent(ctx context.Context, id int64, reason string, retryAt time.Time) error {
 	if len(reason) > 1000 {
 		reason = reason[:1000]
