@@ -8,7 +8,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -27,18 +26,7 @@ import (
 var bins map[string]string
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "stepcollect-e2e")
-	if err != nil {
-		panic(err)
-	}
-	bins, err = testproc.Build(dir, "cmd/api", "cmd/worker")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
+	testproc.Main(m, "STEPCOLLECT_E2E_BINDIR", true, func(b map[string]string) { bins = b }, "cmd/api", "cmd/worker")
 }
 
 const (

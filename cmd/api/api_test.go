@@ -1,7 +1,6 @@
 package main_test
 
 import (
-	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -19,19 +18,7 @@ import (
 var apiBin string
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "stepcollect-api-test")
-	if err != nil {
-		panic(err)
-	}
-	bins, err := testproc.Build(dir, "cmd/api")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	apiBin = bins["api"]
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
+	testproc.Main(m, "", true, func(b map[string]string) { apiBin = b["api"] }, "cmd/api")
 }
 
 func TestAPIStopsCleanlyOnSIGTERM(t *testing.T) {

@@ -24,19 +24,7 @@ import (
 var workerBin string
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "stepcollect-worker-test")
-	if err != nil {
-		panic(err)
-	}
-	bins, err := testproc.Build(dir, "cmd/worker")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	workerBin = bins["worker"]
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
+	testproc.Main(m, "", true, func(b map[string]string) { workerBin = b["worker"] }, "cmd/worker")
 }
 
 func startWorkerProc(t *testing.T, dsn, redisURL string, sweep time.Duration) *testproc.Proc {

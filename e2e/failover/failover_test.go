@@ -46,22 +46,7 @@ var bins map[string]string
 // about the service's own timing), or uses those in
 // STEPCOLLECT_FAILOVER_BINDIR.
 func TestMain(m *testing.M) {
-	if dir := os.Getenv("STEPCOLLECT_FAILOVER_BINDIR"); dir != "" {
-		bins = map[string]string{"api": dir + "/api", "worker": dir + "/worker"}
-		os.Exit(m.Run())
-	}
-	dir, err := os.MkdirTemp("", "stepcollect-failover")
-	if err != nil {
-		panic(err)
-	}
-	bins, err = testproc.BuildPlain(dir, "cmd/api", "cmd/worker")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
+	testproc.Main(m, "STEPCOLLECT_FAILOVER_BINDIR", false, func(b map[string]string) { bins = b }, "cmd/api", "cmd/worker")
 }
 
 const (

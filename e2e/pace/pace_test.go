@@ -28,22 +28,7 @@ var bins map[string]string
 // TestMain builds the binaries, or uses those in STEPCOLLECT_PACE_BINDIR
 // (to run this test against another build, such as an older commit's).
 func TestMain(m *testing.M) {
-	if dir := os.Getenv("STEPCOLLECT_PACE_BINDIR"); dir != "" {
-		bins = map[string]string{"api": dir + "/api", "worker": dir + "/worker"}
-		os.Exit(m.Run())
-	}
-	dir, err := os.MkdirTemp("", "stepcollect-pace")
-	if err != nil {
-		panic(err)
-	}
-	bins, err = testproc.BuildPlain(dir, "cmd/api", "cmd/worker")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
+	testproc.Main(m, "STEPCOLLECT_PACE_BINDIR", false, func(b map[string]string) { bins = b }, "cmd/api", "cmd/worker")
 }
 
 func envInt(name string, def int) int {

@@ -178,3 +178,40 @@ func (s *syncBuffer) String() string {
 	defer s.mu.Unlock()
 	return s.b.String()
 }
+
+// Main is a test package's TestMain for tests that run the binaries: it
+// builds pkgs (like "cmd/api") into a temporary directory, with the race
+// detector or without (plain: for tests that measure timing or memory),
+// hands their paths by name to use, runs the tests, removes the directory
+// and exits. When the environment variable binDirEnv names a directory,
+// the binaries there are used instead, so that a test can be run against
+// another build (an older commit's, say).
+func Main(m *testing.M, binDirEnv string, race bool, use func(bins map[string]string), pkgs ...string) {
+	if dir := os.Getenv(binDirEnv); binDirEnv != "" && dir != "" {
+		bins := map[string]string{}
+		for _, p := range pkgs {
+			bins[filepath.Base(p)] = filepath.Join(dir, filepath.Base(p))
+		}
+		use(bins)
+		os.Exit(m.Run())
+	}
+	dir, err := os.MkdirTemp("", "stepcollect-bins")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	build := BuildPlain
+	if race {
+		build = Build
+	}
+	bins, err := build(dir, pkgs...)
+	if err != nil {
+		os.RemoveAll(dir)
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	use(bins)
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
