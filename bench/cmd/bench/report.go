@@ -446,54 +446,28 @@ func charts(results []*fanout.Result, ns []int, outDir string) error {
 		return nil // no fan-out rows (-only named other runs)
 	}
 	for _, cfg := range configs {
-		p := plot.New()
-		p.Title.Text = fmt.Sprintf("One step to N enrollments, all reporting at once (%s)", cfg.Name)
-		p.X.Label.Text = "N (enrollments)"
-		p.Y.Label.Text = "wall time (ms)"
-		p.X.Scale, p.Y.Scale = plot.LogScale{}, plot.LogScale{}
-		p.X.Tick.Marker, p.Y.Tick.Marker = plot.LogTicks{Prec: -1}, plot.LogTicks{Prec: -1}
-		p.Legend.Top, p.Legend.Left = true, true
-		p.Add(plotter.NewGrid())
-		for _, impl := range rowOrder {
-			var pts plotter.XYs
-			for _, n := range ns {
-				if r := idx[key{impl, cfg.Name, n, false}]; r != nil && r.WallMS > 0 {
-					pts = append(pts, plotter.XY{X: float64(n), Y: r.WallMS})
-				}
-			}
-			if len(pts) == 0 {
-				continue
-			}
-			line, points, err := plotter.NewLinePoints(pts)
-			if err != nil {
-				return err
-			}
-			line.Color, points.Color = palette[impl], palette[impl]
-			line.Width = vg.Points(2)
-			points.Shape = draw.CircleGlyph{}
-			if impl == implFloor {
-				line.Dashes = []vg.Length{vg.Points(4), vg.Points(3)}
-			}
-			p.Add(line, points)
-			p.Legend.Add(impl, line, points)
-		}
-		if err := p.Save(9*vg.Inch, 5.5*vg.Inch, filepath.Join(outDir, "fanout-"+cfg.Name+".png")); err != nil {
+		wall := func(r *fanout.Result, _ int) float64 { return r.WallMS }
+		if err := nChart(idx, ns, cfg, fmt.Sprintf("One step to N enrollments, all reporting at once (%s)", cfg.Name),
+			"wall time (ms)", filepath.Join(outDir, "fanout-"+cfg.Name+".png"), wall); err != nil {
 			return err
 		}
-		if err := perResultChart(idx, ns, cfg, outDir); err != nil {
+		// flat means a design whose cost per result does not grow with N
+		perResult := func(r *fanout.Result, n int) float64 { return r.WallMS / float64(n) }
+		if err := nChart(idx, ns, cfg, fmt.Sprintf("Wall time per result, one step to N enrollments (%s)", cfg.Name),
+			"ms per result (wall / N)", filepath.Join(outDir, "perresult-"+cfg.Name+".png"), perResult); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// perResultChart plots wall time per result against N: flat means a design
-// whose cost per result does not grow with the fan-out.
-func perResultChart(idx map[key]*fanout.Result, ns []int, cfg serverConfig, outDir string) error {
+// nChart draws one line per implementation of y(row, N) against N, both
+// axes logarithmic, for the one-step rows of setting cfg.
+func nChart(idx map[key]*fanout.Result, ns []int, cfg serverConfig, title, yLabel, file string, y func(*fanout.Result, int) float64) error {
 	p := plot.New()
-	p.Title.Text = fmt.Sprintf("Wall time per result, one step to N enrollments (%s)", cfg.Name)
+	p.Title.Text = title
 	p.X.Label.Text = "N (enrollments)"
-	p.Y.Label.Text = "ms per result (wall / N)"
+	p.Y.Label.Text = yLabel
 	p.X.Scale, p.Y.Scale = plot.LogScale{}, plot.LogScale{}
 	p.X.Tick.Marker, p.Y.Tick.Marker = plot.LogTicks{Prec: -1}, plot.LogTicks{Prec: -1}
 	p.Legend.Top, p.Legend.Left = true, true
@@ -502,7 +476,7 @@ func perResultChart(idx map[key]*fanout.Result, ns []int, cfg serverConfig, outD
 		var pts plotter.XYs
 		for _, n := range ns {
 			if r := idx[key{impl, cfg.Name, n, false}]; r != nil && r.WallMS > 0 {
-				pts = append(pts, plotter.XY{X: float64(n), Y: r.WallMS / float64(n)})
+				pts = append(pts, plotter.XY{X: float64(n), Y: y(r, n)})
 			}
 		}
 		if len(pts) == 0 {
@@ -521,5 +495,5 @@ func perResultChart(idx map[key]*fanout.Result, ns []int, cfg serverConfig, outD
 		p.Add(line, points)
 		p.Legend.Add(impl, line, points)
 	}
-	return p.Save(9*vg.Inch, 5.5*vg.Inch, filepath.Join(outDir, "perresult-"+cfg.Name+".png"))
+	return p.Save(9*vg.Inch, 5.5*vg.Inch, file)
 }
