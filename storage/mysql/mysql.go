@@ -157,7 +157,8 @@ func New(opts ...Option) (*Storage, error) {
 }
 
 // OpenDB opens a pool for dsn as WithDSN does: parseTime on,
-// interpolateParams on unless the DSN sets it, and every session at READ
+// interpolateParams on and time parameters truncated to microseconds
+// (timeTruncate=1µs) unless the DSN sets them, and every session at READ
 // COMMITTED, the level stepcollect's transactions are designed for. Set
 // once per connection by a statement both MySQL and MariaDB take (their
 // DSN variable names differ), it costs nothing per transaction, where
@@ -170,6 +171,12 @@ func OpenDB(dsn string) (*sql.DB, error) {
 	mc.ParseTime = true
 	if !strings.Contains(dsn, "interpolateParams=") {
 		mc.InterpolateParams = true
+	}
+	if !strings.Contains(dsn, "timeTruncate=") {
+		// See dbTime: every time parameter at most microseconds.
+		if err := mc.Apply(mysql.TimeTruncate(time.Microsecond)); err != nil {
+			return nil, fmt.Errorf("mysql dsn: %w", err)
+		}
 	}
 	conn, err := mysql.NewConnector(mc)
 	if err != nil {
@@ -211,3 +218,15 @@ func (s *Storage) Close() error {
 	}
 	return nil
 }
+
+// dbTime is t as the server should see it in a comparison: microseconds,
+// the most a TIMESTAMP holds. go-sql-driver sends a time.Time with all nine
+// digits of its nanoseconds unless told otherwise, and MariaDB 10.11 does not
+// take such a literal as a temporal constant: `not_until < '…10.105304044'`
+// is no range on the not_until index but a scan of all of it, and under
+// FOR UPDATE SKIP LOCKED a lock on every step in the table, held until the
+// claim's transaction ends. Each scheduler run did that, every 10 s, and
+// every collector claim in the meantime skipped the steps it came for.
+// OpenDB's pools truncate every time parameter already; this keeps the
+// claims right on a pool from WithDB as well.
+func dbTime(t time.Time) time.Time { return t.Truncate(time.Microsecond) }

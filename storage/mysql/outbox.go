@@ -45,7 +45,7 @@ func (s *Storage) eventsWritten(ctx context.Context, refs []storage.OutboxRef) {
 // wrapping storage.ErrEventNotClaimable.
 func (s *Storage) ClaimEvent(ctx context.Context, id int64, lease time.Duration) (*storage.OutboxEvent, error) {
 	now := time.Now()
-	res, err := s.db.ExecContext(ctx, qClaimEvent, now.Add(lease), id, now)
+	res, err := s.db.ExecContext(ctx, qClaimEvent, dbTime(now.Add(lease)), id, dbTime(now))
 	if err != nil {
 		return nil, fmt.Errorf("claiming event %d: %w", id, err)
 	}
@@ -72,7 +72,7 @@ func (s *Storage) ClaimDueEvents(ctx context.Context, limit int, lease time.Dura
 	err := s.inTx(ctx, storage.OpClaimEvents, func(ctx context.Context, tx *sql.Tx, _ *attempt) error {
 		now := time.Now()
 		var err error
-		out, err = queryList(ctx, tx, qClaimDueEvents, []any{now, limit}, func(rs *sql.Rows) (*storage.OutboxEvent, error) {
+		out, err = queryList(ctx, tx, qClaimDueEvents, []any{dbTime(now), limit}, func(rs *sql.Rows) (*storage.OutboxEvent, error) {
 			ev := &storage.OutboxEvent{}
 			err := rs.Scan(&ev.ID, &ev.EventID, &ev.Type, &ev.Payload, &ev.Attempts)
 			ev.Attempts++ // this one
@@ -85,7 +85,7 @@ func (s *Storage) ClaimDueEvents(ctx context.Context, limit int, lease time.Dura
 		for i, ev := range out {
 			ids[i] = ev.ID
 		}
-		_, err = tx.ExecContext(ctx, expand(qLeaseEvents, len(ids)), args(ids, now.Add(lease))...)
+		_, err = tx.ExecContext(ctx, expand(qLeaseEvents, len(ids)), args(ids, dbTime(now.Add(lease)))...)
 		return err
 	})
 	if err != nil {
@@ -101,7 +101,7 @@ func (s *Storage) RenewLeases(ctx context.Context, ids []int64, lease time.Durat
 	until := time.Now().Add(lease)
 	return chunks(ids, maxInList, func(c []int64) error {
 		err := s.inTx(ctx, storage.OpRenewLeases, func(ctx context.Context, tx *sql.Tx, _ *attempt) error {
-			_, err := tx.ExecContext(ctx, expand(qRenewLeases, len(c)), args(c, until)...)
+			_, err := tx.ExecContext(ctx, expand(qRenewLeases, len(c)), args(c, dbTime(until))...)
 			return err
 		})
 		if err != nil {

@@ -66,7 +66,7 @@ func dueSteps[T any](ctx context.Context, s *Storage, pushTime time.Time, emit d
 				id int64
 				se *nanostorage.StepEnqueueing
 			}
-			rows, err := queryList(ctx, tx, qClaimDueSteps, []any{pushTime, dueStepsPerBatch}, func(rs *sql.Rows) (dueRow, error) {
+			rows, err := queryList(ctx, tx, qClaimDueSteps, []any{dbTime(pushTime), dueStepsPerBatch}, func(rs *sql.Rows) (dueRow, error) {
 				r := dueRow{se: &nanostorage.StepEnqueueing{}}
 				var name sql.NullString
 				err := rs.Scan(&r.id, &r.se.WorkflowName, &r.se.InstanceID, &name)
@@ -191,7 +191,7 @@ func timedOutSteps[T any](ctx context.Context, s *Storage, now time.Time, emit t
 				id  int64
 				ctx nanostorage.StepContext
 			}
-			steps, err := queryList(ctx, tx, qClaimTimedOutSteps, []any{now, timedOutStepsPerBatch}, func(rs *sql.Rows) (stepRow, error) {
+			steps, err := queryList(ctx, tx, qClaimTimedOutSteps, []any{dbTime(now), timedOutStepsPerBatch}, func(rs *sql.Rows) (stepRow, error) {
 				var r stepRow
 				var name sql.NullString
 				err := rs.Scan(&r.id, &r.ctx.WorkflowName, &r.ctx.InstanceID, &name, &r.ctx.Context)
@@ -312,7 +312,7 @@ func (s *Storage) RetrieveAndMarkRePushed(ctx context.Context, ifBefore time.Tim
 		var keys []key
 		err := s.inTx(ctx, storage.OpRePush, func(ctx context.Context, tx *sql.Tx, _ *attempt) error {
 			var err error
-			keys, err = queryList(ctx, tx, qClaimRePush, []any{ifBefore, rePushRowsPerBatch}, func(rs *sql.Rows) (key, error) {
+			keys, err = queryList(ctx, tx, qClaimRePush, []any{dbTime(ifBefore), rePushRowsPerBatch}, func(rs *sql.Rows) (key, error) {
 				var k key
 				return k, rs.Scan(&k.id, &k.uuid)
 			})

@@ -30,10 +30,18 @@ func startProc(bin string, env []string, args ...string) (*proc, error) {
 	return p, p.cmd.Start()
 }
 
+// stop interrupts the process and waits for it. With BENCH_LOG_DIR set,
+// its output is kept there as <binary>-<pid>.log, for looking into a run.
 func (p *proc) stop() {
 	if p.cmd.Process != nil {
 		p.cmd.Process.Signal(os.Interrupt)
 		p.cmd.Wait()
+		if dir := os.Getenv("BENCH_LOG_DIR"); dir != "" {
+			name := fmt.Sprintf("%s-%d.log", filepath.Base(p.cmd.Path), p.cmd.Process.Pid)
+			if err := os.WriteFile(filepath.Join(dir, name), p.logs.Bytes(), 0o644); err != nil {
+				progress("keeping %s: %v", name, err)
+			}
+		}
 	}
 }
 
