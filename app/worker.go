@@ -1,19 +1,14 @@
-// Package app wires stepcollect's parts into the two services. cmd/api and
-// cmd/worker only parse configuration, start one of these and stop it on a
-// signal; tests start the same types on free ports.
 package app
 
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"net"
 	"net/http"
 	"runtime"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
 	"github.com/hibiken/asynq"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/rs/zerolog"
@@ -24,16 +19,9 @@ import (
 	"github.com/stepcollect/stepcollect/internal/config"
 	"github.com/stepcollect/stepcollect/internal/logging"
 	"github.com/stepcollect/stepcollect/logkeys"
-	"github.com/stepcollect/stepcollect/metrics"
 	"github.com/stepcollect/stepcollect/scheduler"
 	stepmysql "github.com/stepcollect/stepcollect/storage/mysql"
 	"github.com/stepcollect/stepcollect/tasks"
-)
-
-// Defaults shared by both binaries (../CONTRACT.md §2).
-const (
-	DefaultMySQLDSN = config.DefaultMySQLDSN
-	DefaultRedisURL = config.DefaultRedisURL
 )
 
 // WorkerConfig is cmd/worker's configuration.
@@ -280,75 +268,9 @@ func asynqConfig(cfg WorkerConfig, queues map[string]int, logger zerolog.Logger)
 	}
 }
 
-// newMetrics is the full metric set, with asynq's queues read through an
-// Inspector that gives up quickly when Redis is down.
-func newMetrics(redisOpt asynq.RedisConnOpt) *metrics.Set {
-	return metrics.New(asynq.NewInspector(tasks.WithFastFailure(redisOpt)), tasks.TaskTypes(), tasks.AllQueues()...)
-}
-
 func (w *Worker) close() {
 	w.enq.Close()
 	w.db.Close()
-}
-
-// openStorage opens the pool, migrates if asked, and returns the storage.
-func openStorage(ctx context.Context, dsn string, maxConns int, migrate bool, logger zerolog.Logger, opts ...stepmysql.Option) (*sql.DB, *stepmysql.Storage, error) {
-	mysql.SetLogger(mysqlLogger{logger.With().Str("component", "mysql").Logger()})
-	db, err := stepmysql.OpenDB(dsn)
-	if err != nil {
-		return nil, nil, fmt.Errorf("-mysql-dsn: %w", err)
-	}
-	if maxConns <= 0 {
-		maxConns = 64
-	}
-	db.SetMaxOpenConns(maxConns)
-	db.SetMaxIdleConns(maxConns)
-	db.SetConnMaxLifetime(time.Hour)
-	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	err = db.PingContext(pingCtx)
-	var me *mysql.MySQLError
-	if errors.As(err, &me) && me.Number == errUnknownDatabase && migrate {
-		// a fresh server: make the database, then migrate it below
-		if err = stepmysql.EnsureDatabase(pingCtx, dsn); err == nil {
-			logger.Info().Msg("created the database named in -mysql-dsn")
-			err = db.PingContext(pingCtx)
-		}
-	}
-	if err != nil {
-		db.Close()
-		return nil, nil, fmt.Errorf("mysql (-mysql-dsn): %w", err)
-	}
-	if migrate {
-		mctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
-		defer cancel()
-		if err := stepmysql.Migrate(mctx, db); err != nil {
-			db.Close()
-			return nil, nil, err
-		}
-	}
-	// READ COMMITTED comes with the session (OpenDB), not per transaction
-	opts = append([]stepmysql.Option{stepmysql.WithDB(db), stepmysql.WithLogger(logger.With().Str("component", "storage").Logger())}, opts...)
-	store, err := stepmysql.New(opts...)
-	if err != nil {
-		db.Close()
-		return nil, nil, err
-	}
-	return db, store, nil
-}
-
-// errUnknownDatabase is MySQL's "Unknown database".
-const errUnknownDatabase = 1049
-
-// readyChecks are what /readyz asks: MySQL and Redis. The worker needs
-// both; the api needs MySQL alone (it commits results while Redis is down,
-// and its hand-off keeps what Redis cannot take yet), so for it Redis is
-// informational.
-func readyChecks(db *sql.DB, enq *tasks.Enqueuer, needRedis bool) []httpapi.Check {
-	return []httpapi.Check{
-		{Name: "mysql", Probe: db.PingContext},
-		{Name: "redis", Probe: func(context.Context) error { return enq.Ping() }, Informational: !needRedis},
-	}
 }
 
 func asynqLevel(l zerolog.Level) asynq.LogLevel {
@@ -363,9 +285,3 @@ func asynqLevel(l zerolog.Level) asynq.LogLevel {
 		return asynq.ErrorLevel
 	}
 }
-
-// mysqlLogger routes go-sql-driver's own messages (broken connections) to
-// zerolog instead of the standard logger.
-type mysqlLogger struct{ l zerolog.Logger }
-
-func (m mysqlLogger) Print(v ...any) { m.l.Warn().Msg(fmt.Sprint(v...)) }

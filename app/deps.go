@@ -1,0 +1,192 @@
+package app
+
+// What both services open and check alike: the flags they share, Redis and
+// the metric set, the storage on its pool (migrated if asked), and what
+// /readyz asks. api.go and worker.go hold what is each one's own.
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+	"github.com/rs/zerolog"
+
+	"github.com/stepcollect/stepcollect/httpapi"
+	"github.com/stepcollect/stepcollect/internal/config"
+	"github.com/stepcollect/stepcollect/internal/logging"
+	"github.com/stepcollect/stepcollect/metrics"
+	stepmysql "github.com/stepcollect/stepcollect/storage/mysql"
+	"github.com/stepcollect/stepcollect/tasks"
+)
+
+// Defaults shared by both binaries (../CONTRACT.md §2).
+const (
+	DefaultMySQLDSN = config.DefaultMySQLDSN
+	DefaultRedisURL = config.DefaultRedisURL
+)
+
+// commonFlags are the flags both binaries take.
+type commonFlags struct {
+	dsn, redis, level, format *string
+	migrate                   *bool
+	maxConns                  *int
+}
+
+func addCommonFlags(s *config.Set) *commonFlags {
+	f := &commonFlags{
+		dsn:      s.DSN("mysql-dsn", "STEPCOLLECT_MYSQL_DSN", DefaultMySQLDSN, "MySQL/MariaDB DSN (go-sql-driver form)"),
+		redis:    s.URL("redis-url", "STEPCOLLECT_REDIS_URL", DefaultRedisURL, "Redis URL: redis://, rediss:// or redis-sentinel://"),
+		migrate:  s.Bool("migrate", "STEPCOLLECT_MIGRATE", true, "apply the embedded schema migrations at start"),
+		maxConns: s.Int("mysql-max-conns", "STEPCOLLECT_MYSQL_MAX_CONNS", 64, "most MySQL connections this process opens (every replica's count adds up against max_connections)"),
+		level:    s.String("log-level", "STEPCOLLECT_LOG_LEVEL", "info", "debug, info, warn or error"),
+		format:   s.String("log-format", "STEPCOLLECT_LOG_FORMAT", "json", "json, or console for people"),
+	}
+	// read back by run through the Set: GET this binary's own /readyz
+	// (the container health check) instead of starting
+	s.Switch("probe", "GET this binary's own /readyz (on -listen, or -metrics-listen) and exit 0 if it answers 200, else 1; starts nothing")
+	s.Check(config.MySQLDSN("mysql-dsn", f.dsn))
+	s.Check(config.RedisURL("redis-url", f.redis))
+	s.Check(func() error {
+		if *f.maxConns < 2 {
+			return fmt.Errorf("-mysql-max-conns: %d is less than 2", *f.maxConns)
+		}
+		return nil
+	})
+	s.Check(func() error { _, err := logging.New(nil, *f.level, *f.format); return err })
+	return f
+}
+
+// deps is what both services open first: Redis options, the metric set,
+// the enqueuer, and the storage on its pool, all wired to one another.
+type deps struct {
+	redisOpt asynq.RedisConnOpt
+	metrics  *metrics.Set
+	enq      *tasks.Enqueuer
+	handoff  *tasks.Handoff // the api's, nil in the worker
+	db       *sql.DB
+	store    *stepmysql.Storage
+}
+
+// openDeps opens them. With collectViaQueue the storage hands released
+// steps to a Handoff (the api, where results arrive), which batches them
+// onto the queue off the request path, instead of collecting them itself.
+// Events are not handed anywhere: the worker's dispatcher polls the outbox.
+func openDeps(ctx context.Context, redisURL, dsn string, maxConns int, migrate, collectViaQueue bool, logger zerolog.Logger) (*deps, error) {
+	redisOpt, err := asynq.ParseRedisURI(redisURL)
+	if err != nil {
+		return nil, fmt.Errorf("-redis-url: %w", err)
+	}
+	redis.SetLogger(redisLogger{logger.With().Str("component", "redis").Logger()})
+	d := &deps{redisOpt: redisOpt, metrics: newMetrics(redisOpt)}
+	d.enq = tasks.NewEnqueuer(redisOpt, tasks.OnEnqueueFailure(d.metrics.Enqueue.Failed))
+	opts := []stepmysql.Option{stepmysql.WithObserver(d.metrics.Storage), stepmysql.WithOutbox()}
+	if collectViaQueue {
+		d.handoff = tasks.NewHandoff(tasks.HandoffConfig{OnDrop: func(n int) { d.metrics.Enqueue.HandoffDropped.Add(float64(n)) }},
+			d.enq, logger.With().Str("component", "handoff").Logger())
+		opts = append(opts, stepmysql.WithCollector(d.handoff))
+	}
+	if d.db, d.store, err = openStorage(ctx, dsn, maxConns, migrate, logger, opts...); err != nil {
+		d.enq.Close()
+		return nil, err
+	}
+	d.metrics.RegisterDB(d.db)
+	d.metrics.Up("mysql", func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		return d.db.PingContext(ctx)
+	})
+	d.metrics.Up("redis", d.enq.Ping)
+	d.metrics.Registry.MustRegister(metrics.NewStateCollector(d.store.Gauges, 5*time.Second))
+	return d, nil
+}
+
+func (d *deps) close() {
+	d.enq.Close()
+	d.db.Close()
+}
+
+// redisLogger routes go-redis's own messages (a Sentinel switching the
+// primary, a bad pub/sub connection) into the JSON logs instead of
+// standard error's plain text.
+type redisLogger struct{ l zerolog.Logger }
+
+func (r redisLogger) Printf(_ context.Context, format string, v ...any) {
+	r.l.Info().Msg(fmt.Sprintf(format, v...))
+}
+
+// openStorage opens the pool, migrates if asked, and returns the storage.
+func openStorage(ctx context.Context, dsn string, maxConns int, migrate bool, logger zerolog.Logger, opts ...stepmysql.Option) (*sql.DB, *stepmysql.Storage, error) {
+	mysql.SetLogger(mysqlLogger{logger.With().Str("component", "mysql").Logger()})
+	db, err := stepmysql.OpenDB(dsn)
+	if err != nil {
+		return nil, nil, fmt.Errorf("-mysql-dsn: %w", err)
+	}
+	if maxConns <= 0 {
+		maxConns = 64
+	}
+	db.SetMaxOpenConns(maxConns)
+	db.SetMaxIdleConns(maxConns)
+	db.SetConnMaxLifetime(time.Hour)
+	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	err = db.PingContext(pingCtx)
+	var me *mysql.MySQLError
+	if errors.As(err, &me) && me.Number == errUnknownDatabase && migrate {
+		// a fresh server: make the database, then migrate it below
+		if err = stepmysql.EnsureDatabase(pingCtx, dsn); err == nil {
+			logger.Info().Msg("created the database named in -mysql-dsn")
+			err = db.PingContext(pingCtx)
+		}
+	}
+	if err != nil {
+		db.Close()
+		return nil, nil, fmt.Errorf("mysql (-mysql-dsn): %w", err)
+	}
+	if migrate {
+		mctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+		defer cancel()
+		if err := stepmysql.Migrate(mctx, db); err != nil {
+			db.Close()
+			return nil, nil, err
+		}
+	}
+	// READ COMMITTED comes with the session (OpenDB), not per transaction
+	opts = append([]stepmysql.Option{stepmysql.WithDB(db), stepmysql.WithLogger(logger.With().Str("component", "storage").Logger())}, opts...)
+	store, err := stepmysql.New(opts...)
+	if err != nil {
+		db.Close()
+		return nil, nil, err
+	}
+	return db, store, nil
+}
+
+// errUnknownDatabase is MySQL's "Unknown database".
+const errUnknownDatabase = 1049
+
+// readyChecks are what /readyz asks: MySQL and Redis. The worker needs
+// both; the api needs MySQL alone (it commits results while Redis is down,
+// and its hand-off keeps what Redis cannot take yet), so for it Redis is
+// informational.
+func readyChecks(db *sql.DB, enq *tasks.Enqueuer, needRedis bool) []httpapi.Check {
+	return []httpapi.Check{
+		{Name: "mysql", Probe: db.PingContext},
+		{Name: "redis", Probe: func(context.Context) error { return enq.Ping() }, Informational: !needRedis},
+	}
+}
+
+// newMetrics is the full metric set, with asynq's queues read through an
+// Inspector that gives up quickly when Redis is down.
+func newMetrics(redisOpt asynq.RedisConnOpt) *metrics.Set {
+	return metrics.New(asynq.NewInspector(tasks.WithFastFailure(redisOpt)), tasks.TaskTypes(), tasks.AllQueues()...)
+}
+
+// mysqlLogger routes go-sql-driver's own messages (broken connections) to
+// zerolog instead of the standard logger.
+type mysqlLogger struct{ l zerolog.Logger }
+
+func (m mysqlLogger) Print(v ...any) { m.l.Warn().Msg(fmt.Sprint(v...)) }
