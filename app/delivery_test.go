@@ -22,8 +22,7 @@ import (
 
 	"github.com/stepcollect/stepcollect/app"
 	"github.com/stepcollect/stepcollect/events"
-	"github.com/stepcollect/stepcollect/internal/testdb"
-	"github.com/stepcollect/stepcollect/internal/testredis"
+	"github.com/stepcollect/stepcollect/internal/testkit"
 )
 
 const callbackKey = "callback-signing-key"
@@ -84,14 +83,14 @@ func (r *receiver) distinct() map[string]events.Event {
 // service is an API and a worker, in process, on a fresh database and a
 // private Redis, delivering to a receiver.
 type service struct {
-	db     *testdb.DB
-	redis  *testredis.Server
+	db     *testkit.DB
+	redis  *testkit.Redis
 	apiURL string
 }
 
 func startService(t *testing.T, callbackURL string, mod func(*app.WorkerConfig)) *service {
 	t.Helper()
-	s := &service{db: testdb.New(t, nil), redis: testredis.Start(t)}
+	s := &service{db: testkit.NewDB(t, nil), redis: testkit.StartRedis(t)}
 	logger := zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel)
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
@@ -185,7 +184,7 @@ func await(t *testing.T, within time.Duration, what string, cond func() bool) {
 
 func outboxRows(t *testing.T, s *service) int {
 	t.Helper()
-	return testdb.Count(t, s.db.DB, `SELECT COUNT(*) FROM stepcollect_outbox`)
+	return testkit.Count(t, s.db.DB, `SELECT COUNT(*) FROM stepcollect_outbox`)
 }
 
 func TestEveryCompletionIsDeliveredSignedAndADedupingReceiverSeesExactlyN(t *testing.T) {
@@ -224,7 +223,7 @@ func TestReceiverDownForAWhileLosesNothingAndDoesNotBlockCollection(t *testing.T
 
 	// collection is not held up by the failing deliveries
 	await(t, 10*time.Second, "the step collected while the receiver refuses", func() bool {
-		return testdb.Count(t, s.db.DB, `SELECT COUNT(*) FROM steps`) == 0
+		return testkit.Count(t, s.db.DB, `SELECT COUNT(*) FROM steps`) == 0
 	})
 	await(t, 10*time.Second, "deliveries tried and refused", func() bool {
 		rcv.mu.Lock()

@@ -15,8 +15,7 @@ import (
 
 	"github.com/stepcollect/stepcollect/app"
 	"github.com/stepcollect/stepcollect/internal/scrape"
-	"github.com/stepcollect/stepcollect/internal/testdb"
-	"github.com/stepcollect/stepcollect/internal/testredis"
+	"github.com/stepcollect/stepcollect/internal/testkit"
 	"github.com/stepcollect/stepcollect/storage"
 	stepmysql "github.com/stepcollect/stepcollect/storage/mysql"
 	"github.com/stepcollect/stepcollect/tasks"
@@ -25,19 +24,19 @@ import (
 // workerBundle is a test database, a private Redis, and a results-side
 // storage that hands unreferenced steps to the queue, as the API does.
 type workerBundle struct {
-	db      *testdb.DB
-	redis   *testredis.Server
+	db      *testkit.DB
+	redis   *testkit.Redis
 	results *stepmysql.Storage
 	enq     *tasks.Enqueuer
 }
 
 func setupWorker(t *testing.T) *workerBundle {
 	t.Helper()
-	db := testdb.New(t, nil)
+	db := testkit.NewDB(t, nil)
 	if err := stepmysql.Migrate(t.Context(), db.DB); err != nil {
 		t.Fatal(err)
 	}
-	rs := testredis.Start(t)
+	rs := testkit.StartRedis(t)
 	redisOpt, err := asynq.ParseRedisURI(rs.URL)
 	if err != nil {
 		t.Fatal(err)
@@ -78,9 +77,9 @@ func startWorker(t *testing.T, b *workerBundle, sweep time.Duration) string {
 	return "http://" + w.MetricsAddr() + "/metrics"
 }
 
-type rowCounts = testdb.StepRows
+type rowCounts = testkit.StepRows
 
-func countRows(t *testing.T, db *sql.DB) rowCounts { return testdb.CountStepRows(t, db) }
+func countRows(t *testing.T, db *sql.DB) rowCounts { return testkit.CountStepRows(t, db) }
 
 // awaitEmpty waits, polling, until the step tables are empty or within is
 // up; it returns how long it took and whether they emptied.

@@ -15,7 +15,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/stepcollect/stepcollect/collector"
-	"github.com/stepcollect/stepcollect/internal/testdb"
+	"github.com/stepcollect/stepcollect/internal/testkit"
 	"github.com/stepcollect/stepcollect/metrics"
 	"github.com/stepcollect/stepcollect/storage"
 	stepmysql "github.com/stepcollect/stepcollect/storage/mysql"
@@ -23,7 +23,7 @@ import (
 )
 
 type bundle struct {
-	db    *testdb.DB
+	db    *testkit.DB
 	store *stepmysql.Storage
 	m     *metrics.Storage
 }
@@ -35,7 +35,7 @@ func (dropCollector) CollectSteps(context.Context, []storage.UnreferencedStep) e
 
 func setup(t *testing.T) *bundle {
 	t.Helper()
-	db := testdb.New(t, nil)
+	db := testkit.NewDB(t, nil)
 	if err := stepmysql.Migrate(t.Context(), db.DB); err != nil {
 		t.Fatal(err)
 	}
@@ -168,7 +168,7 @@ func TestSweepFindsEveryUnreferencedStepAcrossPages(t *testing.T) {
 			t.Errorf("step %d not collected", id)
 		}
 	}
-	left := testdb.Count(t, b.db.DB, `SELECT COUNT(*) FROM steps`)
+	left := testkit.Count(t, b.db.DB, `SELECT COUNT(*) FROM steps`)
 	if left != 25-len(want) {
 		t.Errorf("%d steps left, want the %d referenced ones", left, 25-len(want))
 	}

@@ -16,7 +16,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/stepcollect/stepcollect/delivery"
-	"github.com/stepcollect/stepcollect/internal/testdb"
+	"github.com/stepcollect/stepcollect/internal/testkit"
 	"github.com/stepcollect/stepcollect/metrics"
 	stepmysql "github.com/stepcollect/stepcollect/storage/mysql"
 )
@@ -81,8 +81,8 @@ func completions(t *testing.T, store *stepmysql.Storage, prefix string, n int) {
 	}
 }
 
-func outboxStore(t *testing.T) (*testdb.DB, *stepmysql.Storage) {
-	db := testdb.New(t, nil)
+func outboxStore(t *testing.T) (*testkit.DB, *stepmysql.Storage) {
+	db := testkit.NewDB(t, nil)
 	if err := stepmysql.Migrate(t.Context(), db.DB); err != nil {
 		t.Fatal(err)
 	}
@@ -93,7 +93,7 @@ func outboxStore(t *testing.T) (*testdb.DB, *stepmysql.Storage) {
 	return db, s
 }
 
-func outboxCount(t *testing.T, db *testdb.DB) int {
+func outboxCount(t *testing.T, db *testkit.DB) int {
 	t.Helper()
 	var n int
 	if err := db.QueryRow(`SELECT COUNT(*) FROM stepcollect_outbox`).Scan(&n); err != nil {

@@ -20,9 +20,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/stepcollect/stepcollect/internal/scrape"
-	"github.com/stepcollect/stepcollect/internal/testdb"
-	"github.com/stepcollect/stepcollect/internal/testproc"
-	"github.com/stepcollect/stepcollect/internal/testredis"
+	"github.com/stepcollect/stepcollect/internal/testkit"
 )
 
 func requirePromtool(t *testing.T) string {
@@ -126,17 +124,17 @@ func TestEveryMetricTheDashboardAndAlertsUseIsExported(t *testing.T) {
 		t.Fatalf("only %d metrics found in the dashboard and rules: the extraction is broken", len(used))
 	}
 	dir := t.TempDir()
-	bins, err := testproc.Build(dir, "cmd/api", "cmd/worker")
+	bins, err := testkit.Build(dir, "cmd/api", "cmd/worker")
 	if err != nil {
 		t.Fatal(err)
 	}
-	db, rs := testdb.New(t, nil), testredis.Start(t)
+	db, rs := testkit.NewDB(t, nil), testkit.StartRedis(t)
 	env := []string{"STEPCOLLECT_MYSQL_DSN=" + db.DSN, "STEPCOLLECT_REDIS_URL=" + rs.URL, "STEPCOLLECT_LOG_LEVEL=warn"}
-	apiAddr, workerAddr := testproc.FreeAddr(t), testproc.FreeAddr(t)
-	w := testproc.Start(t, bins["worker"], env, "-metrics-listen", workerAddr)
-	testproc.AwaitHTTP(t, w, "http://"+workerAddr+"/readyz", 20*time.Second)
-	a := testproc.Start(t, bins["api"], env, "-listen", apiAddr)
-	testproc.AwaitHTTP(t, a, "http://"+apiAddr+"/readyz", 20*time.Second)
+	apiAddr, workerAddr := testkit.FreeAddr(t), testkit.FreeAddr(t)
+	w := testkit.StartProc(t, bins["worker"], env, "-metrics-listen", workerAddr)
+	testkit.AwaitHTTP(t, w, "http://"+workerAddr+"/readyz", 20*time.Second)
+	a := testkit.StartProc(t, bins["api"], env, "-listen", apiAddr)
+	testkit.AwaitHTTP(t, a, "http://"+apiAddr+"/readyz", 20*time.Second)
 
 	exported := map[string]bool{}
 	for _, u := range []string{"http://" + apiAddr + "/metrics", "http://" + workerAddr + "/metrics"} {

@@ -12,9 +12,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/stepcollect/stepcollect/internal/scrape"
-	"github.com/stepcollect/stepcollect/internal/testdb"
-	"github.com/stepcollect/stepcollect/internal/testproc"
-	"github.com/stepcollect/stepcollect/internal/testredis"
+	"github.com/stepcollect/stepcollect/internal/testkit"
 )
 
 // refRow is one row of a table in docs/reference.md: its cells, the first
@@ -104,7 +102,7 @@ func helpFlags(t *testing.T, bin string) map[string]helpFlag {
 // names and, where the table gives one, the default -h shows; and every
 // flag the tables list is one the binary has.
 func TestTheReferenceListsEveryFlagOfEveryBinary(t *testing.T) {
-	bins, err := testproc.BuildPlain(t.TempDir(), "cmd/api", "cmd/worker", "internal/cmd/migrate")
+	bins, err := testkit.BuildPlain(t.TempDir(), "cmd/api", "cmd/worker", "internal/cmd/migrate")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,7 +161,7 @@ var metricPrefix = regexp.MustCompile(`^(stepcollect_|asynq_|go_sql_)`)
 // stepcollect_build_info says what -version says, and -probe answers for
 // both services (0 while ready, 1 once the worker is gone).
 func TestTheReferenceListsEveryMetricAndTheBinariesProbeThemselves(t *testing.T) {
-	bins, err := testproc.BuildPlain(t.TempDir(), "cmd/api", "cmd/worker")
+	bins, err := testkit.BuildPlain(t.TempDir(), "cmd/api", "cmd/worker")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -182,14 +180,14 @@ func TestTheReferenceListsEveryMetricAndTheBinariesProbeThemselves(t *testing.T)
 		t.Fatalf("only %d metrics read from docs/reference.md's Metrics table: the parsing is broken", len(documented))
 	}
 
-	db, rs := testdb.New(t, nil), testredis.Start(t)
+	db, rs := testkit.NewDB(t, nil), testkit.StartRedis(t)
 	env := []string{"STEPCOLLECT_MYSQL_DSN=" + db.DSN, "STEPCOLLECT_REDIS_URL=" + rs.URL, "STEPCOLLECT_LOG_LEVEL=warn"}
-	apiAddr, workerAddr := testproc.FreeAddr(t), testproc.FreeAddr(t)
+	apiAddr, workerAddr := testkit.FreeAddr(t), testkit.FreeAddr(t)
 	apiEnv, workerEnv := append(env, "STEPCOLLECT_LISTEN="+apiAddr), append(env, "STEPCOLLECT_METRICS_LISTEN="+workerAddr)
-	w := testproc.Start(t, bins["worker"], workerEnv)
-	testproc.AwaitHTTP(t, w, "http://"+workerAddr+"/readyz", 20*time.Second)
-	a := testproc.Start(t, bins["api"], apiEnv)
-	testproc.AwaitHTTP(t, a, "http://"+apiAddr+"/readyz", 20*time.Second)
+	w := testkit.StartProc(t, bins["worker"], workerEnv)
+	testkit.AwaitHTTP(t, w, "http://"+workerAddr+"/readyz", 20*time.Second)
+	a := testkit.StartProc(t, bins["api"], apiEnv)
+	testkit.AwaitHTTP(t, a, "http://"+apiAddr+"/readyz", 20*time.Second)
 
 	// the gauge of the last sweep appears once the worker's first sweep
 	// has recorded its findings

@@ -18,15 +18,13 @@ import (
 
 	"github.com/stepcollect/stepcollect/events"
 	"github.com/stepcollect/stepcollect/internal/scrape"
-	"github.com/stepcollect/stepcollect/internal/testdb"
-	"github.com/stepcollect/stepcollect/internal/testproc"
-	"github.com/stepcollect/stepcollect/internal/testredis"
+	"github.com/stepcollect/stepcollect/internal/testkit"
 )
 
 var bins map[string]string
 
 func TestMain(m *testing.M) {
-	testproc.Main(m, "STEPCOLLECT_E2E_BINDIR", true, func(b map[string]string) { bins = b }, "cmd/api", "cmd/worker")
+	testkit.Main(m, "STEPCOLLECT_E2E_BINDIR", true, func(b map[string]string) { bins = b }, "cmd/api", "cmd/worker")
 }
 
 const (
@@ -36,25 +34,25 @@ const (
 
 // stack is one API, one worker, a fresh database and a private Redis.
 type stack struct {
-	db         *testdb.DB
-	redis      *testredis.Server
-	api        *testproc.Proc
-	worker     *testproc.Proc
+	db         *testkit.DB
+	redis      *testkit.Redis
+	api        *testkit.Proc
+	worker     *testkit.Proc
 	apiURL     string
 	metricsURL string
 }
 
 func startStack(t *testing.T) *stack {
 	t.Helper()
-	s := &stack{db: testdb.New(t, nil), redis: testredis.Start(t)}
-	apiAddr, workerAddr := testproc.FreeAddr(t), testproc.FreeAddr(t)
+	s := &stack{db: testkit.NewDB(t, nil), redis: testkit.StartRedis(t)}
+	apiAddr, workerAddr := testkit.FreeAddr(t), testkit.FreeAddr(t)
 	env := []string{"STEPCOLLECT_MYSQL_DSN=" + s.db.DSN, "STEPCOLLECT_REDIS_URL=" + s.redis.URL, "STEPCOLLECT_LOG_LEVEL=warn"}
-	s.worker = testproc.Start(t, bins["worker"], env, "-metrics-listen", workerAddr)
+	s.worker = testkit.StartProc(t, bins["worker"], env, "-metrics-listen", workerAddr)
 	s.metricsURL = "http://" + workerAddr + "/metrics"
-	testproc.AwaitHTTP(t, s.worker, "http://"+workerAddr+"/readyz", 20*time.Second)
-	s.api = testproc.Start(t, bins["api"], append(env, "STEPCOLLECT_API_KEY="+apiKey, "STEPCOLLECT_WEBHOOK_HMAC_KEY="+hmacKey), "-listen", apiAddr)
+	testkit.AwaitHTTP(t, s.worker, "http://"+workerAddr+"/readyz", 20*time.Second)
+	s.api = testkit.StartProc(t, bins["api"], append(env, "STEPCOLLECT_API_KEY="+apiKey, "STEPCOLLECT_WEBHOOK_HMAC_KEY="+hmacKey), "-listen", apiAddr)
 	s.apiURL = "http://" + apiAddr
-	testproc.AwaitHTTP(t, s.api, s.apiURL+"/readyz", 20*time.Second)
+	testkit.AwaitHTTP(t, s.api, s.apiURL+"/readyz", 20*time.Second)
 	return s
 }
 
@@ -181,7 +179,7 @@ func TestFanOutOf500ThroughTheRealBinaries(t *testing.T) {
 			t.Errorf("%s: %d events", id, c)
 		}
 	}
-	left := testdb.Count(t, s.db.DB, `SELECT (SELECT COUNT(*) FROM steps) + (SELECT COUNT(*) FROM id_commands) + (SELECT COUNT(*) FROM step_commands)`)
+	left := testkit.Count(t, s.db.DB, `SELECT (SELECT COUNT(*) FROM steps) + (SELECT COUNT(*) FROM id_commands) + (SELECT COUNT(*) FROM step_commands)`)
 	if left != 0 {
 		t.Errorf("%d step rows left", left)
 	}

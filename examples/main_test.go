@@ -20,7 +20,7 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 
-	"github.com/stepcollect/stepcollect/internal/testdb"
+	"github.com/stepcollect/stepcollect/internal/testkit"
 )
 
 func TestMain(m *testing.M) {
@@ -28,7 +28,7 @@ func TestMain(m *testing.M) {
 }
 
 func run(m *testing.M) int {
-	server := testdb.ServerDSN()
+	server := testkit.ServerDSN()
 	admin, err := sql.Open("mysql", server)
 	if err == nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

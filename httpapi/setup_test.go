@@ -17,7 +17,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/stepcollect/stepcollect/httpapi"
-	"github.com/stepcollect/stepcollect/internal/testdb"
+	"github.com/stepcollect/stepcollect/internal/testkit"
 	"github.com/stepcollect/stepcollect/metrics"
 	"github.com/stepcollect/stepcollect/storage"
 	stepmysql "github.com/stepcollect/stepcollect/storage/mysql"
@@ -30,15 +30,15 @@ var hmacKey = []byte("test-webhook-hmac-key")
 // bundle is a migrated test database, the real storage on it (with the
 // outbox, as the API runs it), and the handler behind an httptest server.
 type bundle struct {
-	db    *testdb.DB
+	db    *testkit.DB
 	store *stepmysql.Storage
 	m     *metrics.Set
 	srv   *httptest.Server
 }
 
 type setupOpts struct {
-	db        *testdb.DB // use this database instead of a new one
-	storeDB   *sql.DB    // the storage's pool, when not the test database's own
+	db        *testkit.DB // use this database instead of a new one
+	storeDB   *sql.DB     // the storage's pool, when not the test database's own
 	collector storage.Collector
 	maxBody   int64
 	hmacKey   []byte
@@ -52,7 +52,7 @@ func setup(t *testing.T, o *setupOpts) *bundle {
 	}
 	db := o.db
 	if db == nil {
-		db = testdb.New(t, nil)
+		db = testkit.NewDB(t, nil)
 	}
 	if err := stepmysql.Migrate(t.Context(), db.DB); err != nil {
 		t.Fatal(err)

@@ -16,8 +16,7 @@ import (
 
 	"github.com/stepcollect/stepcollect/events"
 	"github.com/stepcollect/stepcollect/internal/tcpproxy"
-	"github.com/stepcollect/stepcollect/internal/testdb"
-	"github.com/stepcollect/stepcollect/internal/testredis"
+	"github.com/stepcollect/stepcollect/internal/testkit"
 	stepmysql "github.com/stepcollect/stepcollect/storage/mysql"
 	"github.com/stepcollect/stepcollect/tasks"
 
@@ -195,7 +194,7 @@ func TestWebhookWithoutTheRightHMACIsRejected(t *testing.T) {
 // Redis down is never a reason for a non-200: the result is committed, its
 // event is in the outbox, and the step waits for the sweeper.
 func TestWebhookAnswers200AndCommitsWithRedisDown(t *testing.T) {
-	rs := testredis.Start(t)
+	rs := testkit.StartRedis(t)
 	opt, _ := asynq.ParseRedisURI(rs.URL)
 	var failed int
 	enq := tasks.NewEnqueuer(opt, tasks.OnEnqueueFailure(func(string) { failed++ }))
@@ -226,7 +225,7 @@ func TestWebhookAnswers200AndCommitsWithRedisDown(t *testing.T) {
 // MySQL unreachable: 503, nothing half-written; once it is back the same
 // result commits once.
 func TestWebhookAnswers503WhenMySQLIsUnreachableAndNothingIsHalfWritten(t *testing.T) {
-	db := testdb.New(t, nil)
+	db := testkit.NewDB(t, nil)
 	cfg, err := mysql.ParseDSN(db.DSN)
 	if err != nil {
 		t.Fatal(err)

@@ -7,7 +7,7 @@ import (
 
 	"github.com/hibiken/asynq"
 
-	"github.com/stepcollect/stepcollect/internal/testredis"
+	"github.com/stepcollect/stepcollect/internal/testkit"
 	"github.com/stepcollect/stepcollect/storage"
 	"github.com/stepcollect/stepcollect/tasks"
 )
@@ -31,7 +31,7 @@ func TestCollectPayloadRoundTripsWithItsVersion(t *testing.T) {
 // first). Collect tasks have no TaskID: a duplicate must never be able to
 // reject the hand-off that carries a step's last release.
 func TestEnqueuerTreatsASlotConflictAsSuccessAndNeverDeduplicatesCollects(t *testing.T) {
-	rs := testredis.Start(t)
+	rs := testkit.StartRedis(t)
 	opt, _ := asynq.ParseRedisURI(rs.URL)
 	var failures []string
 	e := tasks.NewEnqueuer(opt, tasks.OnEnqueueFailure(func(task string) { failures = append(failures, task) }))
@@ -61,7 +61,7 @@ func TestEnqueuerTreatsASlotConflictAsSuccessAndNeverDeduplicatesCollects(t *tes
 }
 
 func TestEnqueuerFailsFastWhileRedisIsDown(t *testing.T) {
-	rs := testredis.Start(t)
+	rs := testkit.StartRedis(t)
 	opt, _ := asynq.ParseRedisURI(rs.URL)
 	var failures int
 	e := tasks.NewEnqueuer(opt, tasks.WithCooldown(time.Hour), tasks.OnEnqueueFailure(func(string) { failures++ }))

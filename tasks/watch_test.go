@@ -10,7 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/rs/zerolog"
 
-	"github.com/stepcollect/stepcollect/internal/testredis"
+	"github.com/stepcollect/stepcollect/internal/testkit"
 	"github.com/stepcollect/stepcollect/tasks"
 )
 
@@ -18,7 +18,7 @@ import (
 // comes back empty between two looks (its data, and the collect tasks in
 // it, lost); never while nothing happens.
 func TestWatchQueueLossFiresOnRedisReturningAndOnItsDataGone(t *testing.T) {
-	rs := testredis.Start(t)
+	rs := testkit.StartRedis(t)
 	opt, err := asynq.ParseRedisURI(rs.URL)
 	if err != nil {
 		t.Fatal(err)

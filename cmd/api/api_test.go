@@ -10,23 +10,21 @@ import (
 	"time"
 
 	"github.com/stepcollect/stepcollect/internal/scrape"
-	"github.com/stepcollect/stepcollect/internal/testdb"
-	"github.com/stepcollect/stepcollect/internal/testproc"
-	"github.com/stepcollect/stepcollect/internal/testredis"
+	"github.com/stepcollect/stepcollect/internal/testkit"
 )
 
 var apiBin string
 
 func TestMain(m *testing.M) {
-	testproc.Main(m, "", true, func(b map[string]string) { apiBin = b["api"] }, "cmd/api")
+	testkit.Main(m, "", true, func(b map[string]string) { apiBin = b["api"] }, "cmd/api")
 }
 
 func TestAPIStopsCleanlyOnSIGTERM(t *testing.T) {
-	db := testdb.New(t, nil)
-	rs := testredis.Start(t)
-	addr := testproc.FreeAddr(t)
-	p := testproc.Start(t, apiBin, []string{"STEPCOLLECT_MYSQL_DSN=" + db.DSN, "STEPCOLLECT_REDIS_URL=" + rs.URL}, "-listen", addr)
-	testproc.AwaitHTTP(t, p, "http://"+addr+"/healthz", 20*time.Second)
+	db := testkit.NewDB(t, nil)
+	rs := testkit.StartRedis(t)
+	addr := testkit.FreeAddr(t)
+	p := testkit.StartProc(t, apiBin, []string{"STEPCOLLECT_MYSQL_DSN=" + db.DSN, "STEPCOLLECT_REDIS_URL=" + rs.URL}, "-listen", addr)
+	testkit.AwaitHTTP(t, p, "http://"+addr+"/healthz", 20*time.Second)
 	if err := p.Stop(); err != nil {
 		t.Fatalf("api exited with %v on SIGTERM:\n%s", err, p.Logs())
 	}
@@ -36,11 +34,11 @@ func TestAPIStopsCleanlyOnSIGTERM(t *testing.T) {
 // it for a Redis outage: /readyz stays 200 and says Redis is down, and
 // stepcollect_redis_up says so too.
 func TestAPIStaysReadyWhileRedisIsDownAndSaysSo(t *testing.T) {
-	db := testdb.New(t, nil)
-	rs := testredis.Start(t)
-	addr := testproc.FreeAddr(t)
-	p := testproc.Start(t, apiBin, []string{"STEPCOLLECT_MYSQL_DSN=" + db.DSN, "STEPCOLLECT_REDIS_URL=" + rs.URL}, "-listen", addr)
-	testproc.AwaitHTTP(t, p, "http://"+addr+"/readyz", 20*time.Second)
+	db := testkit.NewDB(t, nil)
+	rs := testkit.StartRedis(t)
+	addr := testkit.FreeAddr(t)
+	p := testkit.StartProc(t, apiBin, []string{"STEPCOLLECT_MYSQL_DSN=" + db.DSN, "STEPCOLLECT_REDIS_URL=" + rs.URL}, "-listen", addr)
+	testkit.AwaitHTTP(t, p, "http://"+addr+"/readyz", 20*time.Second)
 	rs.Kill()
 	resp, err := http.Get("http://" + addr + "/readyz")
 	if err != nil {
@@ -92,15 +90,15 @@ func TestAPIRejectsABadFlagInOneLineNamingIt(t *testing.T) {
 // Pointed at a database that does not exist yet, with -migrate on, the api
 // creates it, migrates it and serves.
 func TestAPICreatesTheDatabaseWhenItIsMissing(t *testing.T) {
-	db := testdb.New(t, nil)
+	db := testkit.NewDB(t, nil)
 	fresh := db.Name + "_fresh"
 	t.Cleanup(func() { db.Exec("DROP DATABASE IF EXISTS " + fresh) })
 	dsn := strings.Replace(db.DSN, "/"+db.Name+"?", "/"+fresh+"?", 1)
-	rs := testredis.Start(t)
-	addr := testproc.FreeAddr(t)
-	p := testproc.Start(t, apiBin, []string{"STEPCOLLECT_MYSQL_DSN=" + dsn, "STEPCOLLECT_REDIS_URL=" + rs.URL}, "-listen", addr)
-	testproc.AwaitHTTP(t, p, "http://"+addr+"/readyz", 20*time.Second)
-	tables := testdb.Count(t, db.DB, `SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = ?`, fresh)
+	rs := testkit.StartRedis(t)
+	addr := testkit.FreeAddr(t)
+	p := testkit.StartProc(t, apiBin, []string{"STEPCOLLECT_MYSQL_DSN=" + dsn, "STEPCOLLECT_REDIS_URL=" + rs.URL}, "-listen", addr)
+	testkit.AwaitHTTP(t, p, "http://"+addr+"/readyz", 20*time.Second)
+	tables := testkit.Count(t, db.DB, `SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = ?`, fresh)
 	if tables < 7 {
 		t.Errorf("%d tables in the created database, want the schema's 7", tables)
 	}

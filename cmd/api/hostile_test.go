@@ -15,9 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stepcollect/stepcollect/internal/testdb"
-	"github.com/stepcollect/stepcollect/internal/testproc"
-	"github.com/stepcollect/stepcollect/internal/testredis"
+	"github.com/stepcollect/stepcollect/internal/testkit"
 )
 
 // Contract §7.7: nothing a client sends can stop the api. Each hostile
@@ -36,13 +34,13 @@ type hostileAPI struct {
 	env  []string
 	args []string
 	addr string
-	p    *testproc.Proc
+	p    *testkit.Proc
 }
 
 func startHostileAPI(t *testing.T, bin string, args ...string) *hostileAPI {
 	t.Helper()
-	db := testdb.New(t, nil)
-	rs := testredis.Start(t)
+	db := testkit.NewDB(t, nil)
+	rs := testkit.StartRedis(t)
 	a := &hostileAPI{t: t, bin: bin, args: args,
 		env: []string{"STEPCOLLECT_MYSQL_DSN=" + db.DSN, "STEPCOLLECT_REDIS_URL=" + rs.URL, "STEPCOLLECT_API_KEY=" + hostileKey,
 			"STEPCOLLECT_WEBHOOK_HMAC_KEY=", "STEPCOLLECT_LOG_LEVEL=warn"}}
@@ -52,9 +50,9 @@ func startHostileAPI(t *testing.T, bin string, args ...string) *hostileAPI {
 
 func (a *hostileAPI) start() {
 	a.t.Helper()
-	a.addr = testproc.FreeAddr(a.t)
-	a.p = testproc.Start(a.t, a.bin, a.env, append([]string{"-listen", a.addr}, a.args...)...)
-	testproc.AwaitHTTP(a.t, a.p, a.url("/readyz"), 30*time.Second)
+	a.addr = testkit.FreeAddr(a.t)
+	a.p = testkit.StartProc(a.t, a.bin, a.env, append([]string{"-listen", a.addr}, a.args...)...)
+	testkit.AwaitHTTP(a.t, a.p, a.url("/readyz"), 30*time.Second)
 }
 
 func (a *hostileAPI) url(path string) string { return "http://" + a.addr + path }
@@ -326,7 +324,7 @@ func TestConcurrentLargeResultsStayWithinTheBodyBudget(t *testing.T) {
 // plainAPI is cmd/api built without the race detector.
 func plainAPI(t *testing.T) string {
 	t.Helper()
-	bins, err := testproc.BuildPlain(t.TempDir(), "cmd/api")
+	bins, err := testkit.BuildPlain(t.TempDir(), "cmd/api")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,9 +14,7 @@ import (
 	nanostorage "github.com/micromdm/nanocmd/engine/storage"
 
 	"github.com/stepcollect/stepcollect/internal/scrape"
-	"github.com/stepcollect/stepcollect/internal/testdb"
-	"github.com/stepcollect/stepcollect/internal/testproc"
-	"github.com/stepcollect/stepcollect/internal/testredis"
+	"github.com/stepcollect/stepcollect/internal/testkit"
 	stepmysql "github.com/stepcollect/stepcollect/storage/mysql"
 	"github.com/stepcollect/stepcollect/tasks"
 )
@@ -24,20 +22,20 @@ import (
 var workerBin string
 
 func TestMain(m *testing.M) {
-	testproc.Main(m, "", true, func(b map[string]string) { workerBin = b["worker"] }, "cmd/worker")
+	testkit.Main(m, "", true, func(b map[string]string) { workerBin = b["worker"] }, "cmd/worker")
 }
 
-func startWorkerProc(t *testing.T, dsn, redisURL string, sweep time.Duration) *testproc.Proc {
+func startWorkerProc(t *testing.T, dsn, redisURL string, sweep time.Duration) *testkit.Proc {
 	t.Helper()
 	p, _ := startWorkerProcAt(t, dsn, redisURL, sweep)
 	return p
 }
 
 // startWorkerProcAt also returns the worker's /metrics URL.
-func startWorkerProcAt(t *testing.T, dsn, redisURL string, sweep time.Duration) (*testproc.Proc, string) {
+func startWorkerProcAt(t *testing.T, dsn, redisURL string, sweep time.Duration) (*testkit.Proc, string) {
 	t.Helper()
-	addr := testproc.FreeAddr(t)
-	return testproc.Start(t, workerBin, []string{
+	addr := testkit.FreeAddr(t)
+	return testkit.StartProc(t, workerBin, []string{
 		"STEPCOLLECT_MYSQL_DSN=" + dsn, "STEPCOLLECT_REDIS_URL=" + redisURL,
 		"STEPCOLLECT_METRICS_LISTEN=" + addr, "STEPCOLLECT_SWEEP_INTERVAL=" + sweep.String(),
 	}, "-concurrency", "4", "-log-level", "warn"), "http://" + addr + "/metrics"
@@ -57,12 +55,12 @@ func countSteps(t *testing.T, db *sql.DB) int {
 // and its recoverer runs, a minute or two later. The restarted worker's
 // sweeper collects their steps long before that.
 func TestWorkerKilledMidBatchAndRestartedCollectsEverything(t *testing.T) {
-	db := testdb.New(t, nil)
+	db := testkit.NewDB(t, nil)
 	ctx := t.Context()
 	if err := stepmysql.Migrate(ctx, db.DB); err != nil {
 		t.Fatal(err)
 	}
-	rs := testredis.Start(t)
+	rs := testkit.StartRedis(t)
 	redisOpt, _ := asynq.ParseRedisURI(rs.URL)
 	enq := tasks.NewEnqueuer(redisOpt)
 	defer enq.Close()
@@ -137,8 +135,8 @@ func TestWorkerKilledMidBatchAndRestartedCollectsEverything(t *testing.T) {
 }
 
 func TestWorkerStopsCleanlyOnSIGTERM(t *testing.T) {
-	db := testdb.New(t, nil)
-	rs := testredis.Start(t)
+	db := testkit.NewDB(t, nil)
+	rs := testkit.StartRedis(t)
 	w, metricsURL := startWorkerProcAt(t, db.DSN, rs.URL, time.Second)
 	// stop it once it has visibly done a sweep task, so that the stop
 	// interrupts a worker at work, not one still starting

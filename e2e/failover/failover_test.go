@@ -37,7 +37,7 @@ import (
 	"time"
 
 	"github.com/stepcollect/stepcollect/internal/scrape"
-	"github.com/stepcollect/stepcollect/internal/testproc"
+	"github.com/stepcollect/stepcollect/internal/testkit"
 )
 
 var bins map[string]string
@@ -46,7 +46,7 @@ var bins map[string]string
 // about the service's own timing), or uses those in
 // STEPCOLLECT_FAILOVER_BINDIR.
 func TestMain(m *testing.M) {
-	testproc.Main(m, "STEPCOLLECT_FAILOVER_BINDIR", false, func(b map[string]string) { bins = b }, "cmd/api", "cmd/worker")
+	testkit.Main(m, "STEPCOLLECT_FAILOVER_BINDIR", false, func(b map[string]string) { bins = b }, "cmd/api", "cmd/worker")
 }
 
 const (
@@ -169,8 +169,8 @@ type stack struct {
 	rcv        *receiver
 	apiURL     string
 	workerAddr string
-	api        *testproc.Proc
-	worker     *testproc.Proc
+	api        *testkit.Proc
+	worker     *testkit.Proc
 	client     *http.Client
 	wantEvents int // every round's so far
 
@@ -185,13 +185,13 @@ func startStack(t *testing.T, dsn, redisURL string, db *sql.DB) *stack {
 	t.Cleanup(cb.Close)
 	// nothing else: every other flag at its default
 	env := []string{"STEPCOLLECT_MYSQL_DSN=" + dsn, "STEPCOLLECT_REDIS_URL=" + redisURL}
-	s.workerAddr = testproc.FreeAddr(t)
-	s.worker = testproc.Start(t, bins["worker"], env, "-metrics-listen", s.workerAddr, "-callback-url", cb.URL)
-	testproc.AwaitHTTP(t, s.worker, "http://"+s.workerAddr+"/readyz", 30*time.Second)
-	apiAddr := testproc.FreeAddr(t)
-	s.api = testproc.Start(t, bins["api"], append(env, "STEPCOLLECT_API_KEY="+apiKey), "-listen", apiAddr)
+	s.workerAddr = testkit.FreeAddr(t)
+	s.worker = testkit.StartProc(t, bins["worker"], env, "-metrics-listen", s.workerAddr, "-callback-url", cb.URL)
+	testkit.AwaitHTTP(t, s.worker, "http://"+s.workerAddr+"/readyz", 30*time.Second)
+	apiAddr := testkit.FreeAddr(t)
+	s.api = testkit.StartProc(t, bins["api"], append(env, "STEPCOLLECT_API_KEY="+apiKey), "-listen", apiAddr)
 	s.apiURL = "http://" + apiAddr
-	testproc.AwaitHTTP(t, s.api, s.apiURL+"/readyz", 30*time.Second)
+	testkit.AwaitHTTP(t, s.api, s.apiURL+"/readyz", 30*time.Second)
 	// NanoMDM's webhook client gives up after 30 s (and does not resend)
 	s.client = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
 	return s
@@ -215,7 +215,7 @@ func (s *stack) post(path string, body []byte, header map[string]string) (int, [
 // started at first: a failover must be followed, not survived by restart.
 func (s *stack) stillRunning(t *testing.T) {
 	t.Helper()
-	for name, p := range map[string]*testproc.Proc{"api": s.api, "worker": s.worker} {
+	for name, p := range map[string]*testkit.Proc{"api": s.api, "worker": s.worker} {
 		if p.Cmd.ProcessState != nil {
 			t.Errorf("%s (pid %d) exited: %v", name, p.PID(), p.Cmd.ProcessState)
 		}
@@ -569,7 +569,7 @@ func (s *stack) logDigest(t *testing.T, since, from time.Time) {
 	}
 	for _, pr := range []struct {
 		name string
-		p    *testproc.Proc
+		p    *testkit.Proc
 	}{{"api", s.api}, {"worker", s.worker}} {
 		groups := map[string]*group{}
 		var keys []string

@@ -10,7 +10,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 
 	"github.com/stepcollect/stepcollect/internal/testha"
-	"github.com/stepcollect/stepcollect/internal/testredis"
+	"github.com/stepcollect/stepcollect/internal/testkit"
 )
 
 // quick503 is how soon a webhook that cannot be committed must be answered
@@ -66,7 +66,7 @@ func readOnlyRound(t *testing.T, mdb *testha.MariaDB, rejectReadOnly bool) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { root.Close() })
-	rs := testredis.Start(t)
+	rs := testkit.StartRedis(t)
 	s := startStack(t, appDSN, rs.URL, root)
 	name := fmt.Sprintf("read_only (rejectReadOnly=%v)", rejectReadOnly)
 

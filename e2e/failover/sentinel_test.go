@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stepcollect/stepcollect/internal/testdb"
 	"github.com/stepcollect/stepcollect/internal/testha"
+	"github.com/stepcollect/stepcollect/internal/testkit"
 )
 
 // Redis behind Sentinel: a primary (redis-a), its replica (redis-b) and
@@ -33,7 +33,7 @@ import (
 // every promotion without a restart.
 func TestRedisSentinelFailover(t *testing.T) {
 	sen := testha.StartSentinel(t, testha.SentinelConfig{})
-	db := testdb.New(t, nil)
+	db := testkit.NewDB(t, nil)
 	s := startStack(t, db.DSN, sen.URL, db.DB)
 	a, b := sen.Servers[0], sen.Servers[1]
 	n := enrollments()

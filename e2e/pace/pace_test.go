@@ -18,9 +18,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stepcollect/stepcollect/internal/testdb"
-	"github.com/stepcollect/stepcollect/internal/testproc"
-	"github.com/stepcollect/stepcollect/internal/testredis"
+	"github.com/stepcollect/stepcollect/internal/testkit"
 )
 
 var bins map[string]string
@@ -28,7 +26,7 @@ var bins map[string]string
 // TestMain builds the binaries, or uses those in STEPCOLLECT_PACE_BINDIR
 // (to run this test against another build, such as an older commit's).
 func TestMain(m *testing.M) {
-	testproc.Main(m, "STEPCOLLECT_PACE_BINDIR", false, func(b map[string]string) { bins = b }, "cmd/api", "cmd/worker")
+	testkit.Main(m, "STEPCOLLECT_PACE_BINDIR", false, func(b map[string]string) { bins = b }, "cmd/api", "cmd/worker")
 }
 
 func envInt(name string, def int) int {
@@ -98,20 +96,20 @@ func waitUntil(t *testing.T, within time.Duration, what func() string, cond func
 // rounds of 3000).
 func TestNoStepStrandsWithTheSweeperOff(t *testing.T) {
 	rounds, n := envInt("STEPCOLLECT_PACE_ROUNDS", 20), envInt("STEPCOLLECT_PACE_N", 3000)
-	db := testdb.New(t, nil)
-	rs := testredis.Start(t)
+	db := testkit.NewDB(t, nil)
+	rs := testkit.StartRedis(t)
 	rcv := &receiver{seen: map[string]bool{}}
 	callback := httptest.NewServer(rcv)
 	t.Cleanup(callback.Close)
 
-	apiAddr, workerAddr := testproc.FreeAddr(t), testproc.FreeAddr(t)
+	apiAddr, workerAddr := testkit.FreeAddr(t), testkit.FreeAddr(t)
 	env := []string{"STEPCOLLECT_MYSQL_DSN=" + db.DSN, "STEPCOLLECT_REDIS_URL=" + rs.URL, "STEPCOLLECT_LOG_LEVEL=warn"}
-	worker := testproc.Start(t, bins["worker"], env, "-metrics-listen", workerAddr,
+	worker := testkit.StartProc(t, bins["worker"], env, "-metrics-listen", workerAddr,
 		"-sweep-interval", "0", "-schedule-interval", "1s", "-callback-url", callback.URL)
-	testproc.AwaitHTTP(t, worker, "http://"+workerAddr+"/readyz", 30*time.Second)
-	api := testproc.Start(t, bins["api"], append(env, "STEPCOLLECT_API_KEY="+apiKey), "-listen", apiAddr)
+	testkit.AwaitHTTP(t, worker, "http://"+workerAddr+"/readyz", 30*time.Second)
+	api := testkit.StartProc(t, bins["api"], append(env, "STEPCOLLECT_API_KEY="+apiKey), "-listen", apiAddr)
 	apiURL := "http://" + apiAddr
-	testproc.AwaitHTTP(t, api, apiURL+"/readyz", 30*time.Second)
+	testkit.AwaitHTTP(t, api, apiURL+"/readyz", 30*time.Second)
 
 	client := &http.Client{Timeout: time.Minute, Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
 	post := func(path string, body []byte, header map[string]string) (int, error) {

@@ -43,9 +43,7 @@ import (
 
 	"github.com/stepcollect/stepcollect/internal/scrape"
 	"github.com/stepcollect/stepcollect/internal/tcpproxy"
-	"github.com/stepcollect/stepcollect/internal/testdb"
-	"github.com/stepcollect/stepcollect/internal/testproc"
-	"github.com/stepcollect/stepcollect/internal/testredis"
+	"github.com/stepcollect/stepcollect/internal/testkit"
 	"github.com/stepcollect/stepcollect/tasks"
 )
 
@@ -55,7 +53,7 @@ var bins map[string]string
 // about the service's own timing), or uses those in
 // STEPCOLLECT_RECOVERY_BINDIR.
 func TestMain(m *testing.M) {
-	testproc.Main(m, "STEPCOLLECT_RECOVERY_BINDIR", false, func(b map[string]string) { bins = b }, "cmd/api", "cmd/worker")
+	testkit.Main(m, "STEPCOLLECT_RECOVERY_BINDIR", false, func(b map[string]string) { bins = b }, "cmd/api", "cmd/worker")
 }
 
 const (
@@ -265,19 +263,19 @@ func (r *receiver) violations() []string {
 // stack is one api and one worker (at default flags) on a fresh database
 // and a private Redis, optionally reaching MySQL through a proxy.
 type stack struct {
-	db         *testdb.DB
-	redis      *testredis.Server
+	db         *testkit.DB
+	redis      *testkit.Redis
 	proxy      *tcpproxy.Proxy // nil unless MySQL is reached through it
 	rcv        *receiver
 	env        []string
 	workerAddr string
 	callback   string
 	apiURL     string
-	api        *testproc.Proc
+	api        *testkit.Proc
 	client     *http.Client
 
 	mu      sync.Mutex
-	workers []*testproc.Proc // every worker started, the current one last
+	workers []*testkit.Proc  // every worker started, the current one last
 	steps   map[int64]string // step id → what it is, for reports
 	// queuedAtFault is what collect tasks in Redis held a moment before
 	// the fault (step id → task state), when the test looked
@@ -325,7 +323,7 @@ type stackOptions struct {
 
 func startStack(t *testing.T, o stackOptions) *stack {
 	t.Helper()
-	s := &stack{db: testdb.New(t, nil), redis: testredis.Start(t), rcv: newReceiver(o.receiverDelay), steps: map[int64]string{}}
+	s := &stack{db: testkit.NewDB(t, nil), redis: testkit.StartRedis(t), rcv: newReceiver(o.receiverDelay), steps: map[int64]string{}}
 	cb := httptest.NewServer(s.rcv)
 	t.Cleanup(cb.Close)
 	s.callback = cb.URL
@@ -342,28 +340,28 @@ func startStack(t *testing.T, o stackOptions) *stack {
 	}
 	// nothing else: every other flag at its default
 	s.env = []string{"STEPCOLLECT_MYSQL_DSN=" + dsn, "STEPCOLLECT_REDIS_URL=" + s.redis.URL}
-	s.workerAddr = testproc.FreeAddr(t)
+	s.workerAddr = testkit.FreeAddr(t)
 	s.startWorker(t)
-	testproc.AwaitHTTP(t, s.worker(), "http://"+s.workerAddr+"/readyz", 30*time.Second)
+	testkit.AwaitHTTP(t, s.worker(), "http://"+s.workerAddr+"/readyz", 30*time.Second)
 
-	apiAddr := testproc.FreeAddr(t)
-	s.api = testproc.Start(t, bins["api"], append(s.env, "STEPCOLLECT_API_KEY="+apiKey), "-listen", apiAddr)
+	apiAddr := testkit.FreeAddr(t)
+	s.api = testkit.StartProc(t, bins["api"], append(s.env, "STEPCOLLECT_API_KEY="+apiKey), "-listen", apiAddr)
 	s.apiURL = "http://" + apiAddr
-	testproc.AwaitHTTP(t, s.api, s.apiURL+"/readyz", 30*time.Second)
+	testkit.AwaitHTTP(t, s.api, s.apiURL+"/readyz", 30*time.Second)
 	s.client = &http.Client{Timeout: time.Minute, Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
 	return s
 }
 
 // startWorker starts a worker on the stack's flags (the same every time).
-func (s *stack) startWorker(t *testing.T) *testproc.Proc {
-	p := testproc.Start(t, bins["worker"], s.env, "-metrics-listen", s.workerAddr, "-callback-url", s.callback)
+func (s *stack) startWorker(t *testing.T) *testkit.Proc {
+	p := testkit.StartProc(t, bins["worker"], s.env, "-metrics-listen", s.workerAddr, "-callback-url", s.callback)
 	s.mu.Lock()
 	s.workers = append(s.workers, p)
 	s.mu.Unlock()
 	return p
 }
 
-func (s *stack) worker() *testproc.Proc {
+func (s *stack) worker() *testkit.Proc {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.workers[len(s.workers)-1]
@@ -531,7 +529,7 @@ type fault struct {
 	begin, end            func()
 }
 
-func (s *stack) countSteps(t *testing.T) testdb.StepRows { return testdb.CountStepRows(t, s.db.DB) }
+func (s *stack) countSteps(t *testing.T) testkit.StepRows { return testkit.CountStepRows(t, s.db.DB) }
 
 func (s *stack) outboxRows(t *testing.T) int {
 	var n int
@@ -799,13 +797,13 @@ func (s *stack) explain(t *testing.T, ended time.Time, wantEvents int) {
 func (s *stack) logDigest(t *testing.T, ended time.Time) {
 	procs := []struct {
 		name string
-		p    *testproc.Proc
+		p    *testkit.Proc
 	}{{"api", s.api}}
 	s.mu.Lock()
 	for i, w := range s.workers {
 		procs = append(procs, struct {
 			name string
-			p    *testproc.Proc
+			p    *testkit.Proc
 		}{fmt.Sprintf("worker#%d", i+1), w})
 	}
 	s.mu.Unlock()

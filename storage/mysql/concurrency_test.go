@@ -10,7 +10,7 @@ import (
 
 	nanostorage "github.com/micromdm/nanocmd/engine/storage"
 
-	"github.com/stepcollect/stepcollect/internal/testdb"
+	"github.com/stepcollect/stepcollect/internal/testkit"
 	"github.com/stepcollect/stepcollect/storage"
 )
 
@@ -31,7 +31,7 @@ func TestFanOutOf300AllReportingAtOnceCommitsEveryResultAndLeavesNothing(t *test
 	b := setup(t, nil)
 	ctx := t.Context()
 	const n = 300
-	step := fanOutStep("fanout", n, 1)
+	step := testkit.FanOut("fanout", n, 1)
 	if err := b.store.StoreStep(ctx, step, time.Now()); err != nil {
 		t.Fatal(err)
 	}
@@ -39,7 +39,7 @@ func TestFanOutOf300AllReportingAtOnceCommitsEveryResultAndLeavesNothing(t *test
 	results := make([]*nanostorage.StepResult, n)
 	errs := make([]error, n)
 	startTogether(n, func(i int) {
-		results[i], errs[i] = b.store.StoreCommandResponseAndRetrieveCompletedStep(ctx, step.IDs[i], result(step.Commands[0].CommandUUID))
+		results[i], errs[i] = b.store.StoreCommandResponseAndRetrieveCompletedStep(ctx, step.IDs[i], testkit.CommandResult(step.Commands[0].CommandUUID))
 	})
 
 	for i := range n {
@@ -56,7 +56,7 @@ func TestFanOutOf300AllReportingAtOnceCommitsEveryResultAndLeavesNothing(t *test
 			r.InstanceID != step.InstanceID || r.Name != step.Name || string(r.Context) != string(step.Context) {
 			t.Errorf("enrollment %s: wrong step result %+v", step.IDs[i], r.StepContext)
 		}
-		if len(r.Commands) != 1 || string(r.Commands[0].ResultReport) != string(result(step.Commands[0].CommandUUID).ResultReport) ||
+		if len(r.Commands) != 1 || string(r.Commands[0].ResultReport) != string(testkit.CommandResult(step.Commands[0].CommandUUID).ResultReport) ||
 			r.Commands[0].RequestType != "DeviceInformation" {
 			t.Errorf("enrollment %s: wrong commands %+v", step.IDs[i], r.Commands)
 		}
@@ -74,7 +74,7 @@ func TestFanOutOf300AllReportingAtOnceCommitsEveryResultAndLeavesNothing(t *test
 func TestNotUntilStepCompletesWithItsRawCommandsStillPresent(t *testing.T) {
 	b := setup(t, nil)
 	ctx := t.Context()
-	step := fanOutStep("notuntil", 2, 3)
+	step := testkit.FanOut("notuntil", 2, 3)
 	step.NotUntil = time.Now().Add(time.Hour)
 	if err := b.store.StoreStep(ctx, step, time.Now()); err != nil {
 		t.Fatal(err)
@@ -85,7 +85,7 @@ func TestNotUntilStepCompletesWithItsRawCommandsStillPresent(t *testing.T) {
 	for _, id := range step.IDs {
 		var done *nanostorage.StepResult
 		for _, c := range step.Commands {
-			r, err := b.store.StoreCommandResponseAndRetrieveCompletedStep(ctx, id, result(c.CommandUUID))
+			r, err := b.store.StoreCommandResponseAndRetrieveCompletedStep(ctx, id, testkit.CommandResult(c.CommandUUID))
 			if err != nil {
 				t.Fatalf("enrollment %s, command %s: %v", id, c.CommandUUID, err)
 			}
@@ -111,7 +111,7 @@ func TestOneEnrollmentAnsweringItsFourCommandsConcurrentlyCompletesOnce(t *testi
 	const enrollments, cmds = 40, 4
 	var steps []*nanostorage.StepEnqueuingWithConfig
 	for e := range enrollments {
-		st := fanOutStep(fmt.Sprintf("four%02d", e), 1, cmds)
+		st := testkit.FanOut(fmt.Sprintf("four%02d", e), 1, cmds)
 		if err := b.store.StoreStep(ctx, st, time.Now()); err != nil {
 			t.Fatal(err)
 		}
@@ -122,7 +122,7 @@ func TestOneEnrollmentAnsweringItsFourCommandsConcurrentlyCompletesOnce(t *testi
 	var errs []error
 	startTogether(enrollments*cmds, func(i int) {
 		st := steps[i/cmds]
-		r, err := b.store.StoreCommandResponseAndRetrieveCompletedStep(ctx, st.IDs[0], result(st.Commands[i%cmds].CommandUUID))
+		r, err := b.store.StoreCommandResponseAndRetrieveCompletedStep(ctx, st.IDs[0], testkit.CommandResult(st.Commands[i%cmds].CommandUUID))
 		mu.Lock()
 		defer mu.Unlock()
 		if err != nil {
@@ -143,7 +143,7 @@ func TestOneEnrollmentAnsweringItsFourCommandsConcurrentlyCompletesOnce(t *testi
 		}
 		seen := map[string]bool{}
 		for _, c := range got[0].Commands {
-			if string(c.ResultReport) != string(result(c.CommandUUID).ResultReport) || !c.Completed {
+			if string(c.ResultReport) != string(testkit.CommandResult(c.CommandUUID).ResultReport) || !c.Completed {
 				t.Errorf("enrollment %s: command %s has result %q", st.IDs[0], c.CommandUUID, c.ResultReport)
 			}
 			seen[c.CommandUUID] = true
@@ -162,13 +162,13 @@ func TestTwentyCancelsRacingFiftyCompletionsOfASharedStep(t *testing.T) {
 	b := setup(t, nil)
 	ctx := t.Context()
 	const cancels, completes = 20, 50
-	step := fanOutStep("race", cancels+completes, 1)
+	step := testkit.FanOut("race", cancels+completes, 1)
 	if err := b.store.StoreStep(ctx, step, time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	// unrelated steps, some sharing enrollments, that must survive untouched
 	for i := range 40 {
-		other := fanOutStep(fmt.Sprintf("bystander%02d", i), 3, 1)
+		other := testkit.FanOut(fmt.Sprintf("bystander%02d", i), 3, 1)
 		other.IDs[0] = step.IDs[i] // same enrollments, other workflow
 		if err := b.store.StoreStep(ctx, other, time.Now()); err != nil {
 			t.Fatal(err)
@@ -185,7 +185,7 @@ func TestTwentyCancelsRacingFiftyCompletionsOfASharedStep(t *testing.T) {
 		if i < cancels {
 			err = b.store.CancelSteps(ctx, step.IDs[i], step.WorkflowName)
 		} else {
-			r, err = b.store.StoreCommandResponseAndRetrieveCompletedStep(ctx, step.IDs[i], result(step.Commands[0].CommandUUID))
+			r, err = b.store.StoreCommandResponseAndRetrieveCompletedStep(ctx, step.IDs[i], testkit.CommandResult(step.Commands[0].CommandUUID))
 		}
 		mu.Lock()
 		defer mu.Unlock()
@@ -218,14 +218,14 @@ func TestTimeoutSweepRacingCompletionsReportsEachEnrollmentOnce(t *testing.T) {
 	b := setup(t, nil)
 	ctx := t.Context()
 	const n, sweepers = 200, 3
-	step := fanOutStep("timeout", n, 2)
+	step := testkit.FanOut("timeout", n, 2)
 	step.Timeout = time.Now().Add(-time.Second)
 	if err := b.store.StoreStep(ctx, step, time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	// every enrollment answered its first command already
 	for _, id := range step.IDs {
-		if r, err := b.store.StoreCommandResponseAndRetrieveCompletedStep(ctx, id, result(step.Commands[0].CommandUUID)); err != nil || r != nil {
+		if r, err := b.store.StoreCommandResponseAndRetrieveCompletedStep(ctx, id, testkit.CommandResult(step.Commands[0].CommandUUID)); err != nil || r != nil {
 			t.Fatalf("first answer of %s: %v, %v", id, r, err)
 		}
 	}
@@ -255,7 +255,7 @@ func TestTimeoutSweepRacingCompletionsReportsEachEnrollmentOnce(t *testing.T) {
 			return
 		}
 		id := step.IDs[i-sweepers]
-		r, err := b.store.StoreCommandResponseAndRetrieveCompletedStep(ctx, id, result(step.Commands[1].CommandUUID))
+		r, err := b.store.StoreCommandResponseAndRetrieveCompletedStep(ctx, id, testkit.CommandResult(step.Commands[1].CommandUUID))
 		mu.Lock()
 		defer mu.Unlock()
 		switch {
@@ -295,7 +295,7 @@ func TestTimeoutSweepRacingCompletionsReportsEachEnrollmentOnce(t *testing.T) {
 func TestNotUntilStepStillTimesOutAfterItWasSent(t *testing.T) {
 	b := setup(t, nil)
 	ctx := t.Context()
-	step := fanOutStep("nu-timeout", 2, 1)
+	step := testkit.FanOut("nu-timeout", 2, 1)
 	step.NotUntil = time.Now().Add(-time.Minute)
 	step.Timeout = time.Now().Add(2 * time.Second)
 	if err := b.store.StoreStep(ctx, step, time.Now()); err != nil {
@@ -341,7 +341,7 @@ func TestCrashBetweenCommitAndCollectionLeavesAStepALaterCollectReclaims(t *test
 	col := &failingCollector{}
 	b := setup(t, &setupOpts{collector: col})
 	ctx := t.Context()
-	step := fanOutStep("crash", 50, 1)
+	step := testkit.FanOut("crash", 50, 1)
 	step.NotUntil = time.Now().Add(time.Hour) // raw commands must go too
 	if err := b.store.StoreStep(ctx, step, time.Now()); err != nil {
 		t.Fatal(err)
@@ -349,7 +349,7 @@ func TestCrashBetweenCommitAndCollectionLeavesAStepALaterCollectReclaims(t *test
 	errs := make([]error, len(step.IDs))
 	startTogether(len(step.IDs), func(i int) {
 		var r *nanostorage.StepResult
-		r, errs[i] = b.store.StoreCommandResponseAndRetrieveCompletedStep(ctx, step.IDs[i], result(step.Commands[0].CommandUUID))
+		r, errs[i] = b.store.StoreCommandResponseAndRetrieveCompletedStep(ctx, step.IDs[i], testkit.CommandResult(step.Commands[0].CommandUUID))
 		if errs[i] == nil && r == nil {
 			errs[i] = errors.New("not completed")
 		}
@@ -388,7 +388,7 @@ func TestCrashBetweenCommitAndCollectionLeavesAStepALaterCollectReclaims(t *test
 func TestCompletionLocksOnlyTheReportingEnrollmentsRows(t *testing.T) {
 	b := setup(t, nil)
 	ctx := t.Context()
-	step := fanOutStep("ownrows", 3, 2)
+	step := testkit.FanOut("ownrows", 3, 2)
 	stepID, err := b.store.StoreStepID(ctx, step, time.Now())
 	if err != nil {
 		t.Fatal(err)
@@ -406,7 +406,7 @@ func TestCompletionLocksOnlyTheReportingEnrollmentsRows(t *testing.T) {
 	}
 
 	for _, c := range step.Commands {
-		if _, err := b.store.StoreCommandResponseAndRetrieveCompletedStep(ctx, step.IDs[0], result(c.CommandUUID)); err != nil {
+		if _, err := b.store.StoreCommandResponseAndRetrieveCompletedStep(ctx, step.IDs[0], testkit.CommandResult(c.CommandUUID)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -414,17 +414,17 @@ func TestCompletionLocksOnlyTheReportingEnrollmentsRows(t *testing.T) {
 		t.Errorf("completion waited on rows it does not own: retries %v", retries)
 	}
 	var left int
-	left = testdb.Count(t, b.db.DB, `SELECT COUNT(*) FROM id_commands WHERE enrollment_id = ?`, step.IDs[0])
+	left = testkit.Count(t, b.db.DB, `SELECT COUNT(*) FROM id_commands WHERE enrollment_id = ?`, step.IDs[0])
 	if left != 0 {
 		t.Errorf("enrollment rows left: %d", left)
 	}
 }
 
 func TestLockWaitTimeoutIsRetriedNotSurfaced(t *testing.T) {
-	db := testdb.New(t, &testdb.Options{LockWaitTimeout: 1})
+	db := testkit.NewDB(t, &testkit.DBOptions{LockWaitTimeout: 1})
 	b := setup(t, &setupOpts{db: db})
 	ctx := t.Context()
-	step := fanOutStep("lockwait", 1, 1)
+	step := testkit.FanOut("lockwait", 1, 1)
 	if err := b.store.StoreStep(ctx, step, time.Now()); err != nil {
 		t.Fatal(err)
 	}
@@ -445,7 +445,7 @@ func TestLockWaitTimeoutIsRetriedNotSurfaced(t *testing.T) {
 			time.Sleep(20 * time.Millisecond)
 		}
 	}()
-	r, err := b.store.StoreCommandResponseAndRetrieveCompletedStep(ctx, step.IDs[0], result(step.Commands[0].CommandUUID))
+	r, err := b.store.StoreCommandResponseAndRetrieveCompletedStep(ctx, step.IDs[0], testkit.CommandResult(step.Commands[0].CommandUUID))
 	if err != nil || r == nil {
 		t.Fatalf("result after a lock wait timeout: %v, %v", r, err)
 	}

@@ -12,7 +12,7 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 
-	"github.com/stepcollect/stepcollect/internal/testdb"
+	"github.com/stepcollect/stepcollect/internal/testkit"
 	stepmysql "github.com/stepcollect/stepcollect/storage/mysql"
 )
 
@@ -50,7 +50,7 @@ type faultConnector struct {
 	refused      int
 }
 
-func newFaultDB(t *testing.T, db *testdb.DB) (*sql.DB, *faultConnector) {
+func newFaultDB(t *testing.T, db *testkit.DB) (*sql.DB, *faultConnector) {
 	t.Helper()
 	cfg, err := mysql.ParseDSN(db.DSN)
 	if err != nil {
@@ -62,7 +62,7 @@ func newFaultDB(t *testing.T, db *testdb.DB) (*sql.DB, *faultConnector) {
 	}
 	fc := &faultConnector{base: base, admin: db.DB}
 	fdb := sql.OpenDB(fc)
-	fdb.SetMaxOpenConns(testdb.PoolSize)
+	fdb.SetMaxOpenConns(testkit.PoolSize)
 	t.Cleanup(func() { fdb.Close() })
 	return fdb, fc
 }
@@ -72,6 +72,11 @@ func (c *faultConnector) Driver() driver.Driver { return c.base.Driver() }
 func (c *faultConnector) Connect(ctx context.Context) (driver.Conn, error) {
 	conn, err := c.base.Connect(ctx)
 	if err != nil {
+		return nil, err
+	}
+	// the session as OpenDB sets it up, which a connector of its own skips
+	if _, err := conn.(driver.ExecerContext).ExecContext(ctx, "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED", nil); err != nil {
+		conn.Close()
 		return nil, err
 	}
 	rows, err := conn.(driver.QueryerContext).QueryContext(ctx, "SELECT CONNECTION_ID()", nil)
@@ -220,19 +225,16 @@ func (t *faultTx) Commit() error {
 
 func setupFaulty(t *testing.T, extra ...stepmysql.Option) (*bundle, *faultConnector) {
 	t.Helper()
-	db := testdb.New(t, nil)
-	if err := stepmysql.Migrate(t.Context(), db.DB); err != nil {
-		t.Fatal(err)
-	}
+	db := testkit.NewDB(t, nil)
 	fdb, fc := newFaultDB(t, db)
-	faulty := &testdb.DB{DB: fdb, Name: db.Name, DSN: db.DSN}
-	return setup(t, &setupOpts{db: faulty, noMigrate: true, extra: extra}), fc
+	faulty := &testkit.DB{DB: fdb, Name: db.Name, DSN: db.DSN}
+	return setup(t, &setupOpts{db: faulty, extra: extra}), fc
 }
 
 func TestConnectionKilledMidTransactionIsRetriedAndTheResultCommitted(t *testing.T) {
 	b, fc := setupFaulty(t)
 	ctx := t.Context()
-	step := fanOutStep("killed", 2, 1)
+	step := testkit.FanOut("killed", 2, 1)
 	if err := b.store.StoreStep(ctx, step, time.Now()); err != nil {
 		t.Fatal(err)
 	}
@@ -240,7 +242,7 @@ func TestConnectionKilledMidTransactionIsRetriedAndTheResultCommitted(t *testing
 	fc.killBefore = "DELETE FROM id_commands WHERE enrollment_id = ? AND step_id = ?"
 	fc.mu.Unlock()
 
-	r, err := b.store.StoreCommandResponseAndRetrieveCompletedStep(ctx, step.IDs[0], result(step.Commands[0].CommandUUID))
+	r, err := b.store.StoreCommandResponseAndRetrieveCompletedStep(ctx, step.IDs[0], testkit.CommandResult(step.Commands[0].CommandUUID))
 	if err != nil || r == nil {
 		t.Fatalf("result across a killed connection: %v, %v", r, err)
 	}
@@ -251,7 +253,7 @@ func TestConnectionKilledMidTransactionIsRetriedAndTheResultCommitted(t *testing
 		t.Errorf("retries %v, want one connection retry", retries)
 	}
 	var left int
-	left = testdb.Count(t, b.db.DB, `SELECT COUNT(*) FROM id_commands WHERE enrollment_id = ?`, step.IDs[0])
+	left = testkit.Count(t, b.db.DB, `SELECT COUNT(*) FROM id_commands WHERE enrollment_id = ?`, step.IDs[0])
 	if left != 0 {
 		t.Errorf("rows of the enrollment left: %d", left)
 	}
@@ -264,7 +266,7 @@ func TestConnectionKilledMidTransactionIsRetriedAndTheResultCommitted(t *testing
 func TestLostCommitAnswerOnTheCompletingResultStillReturnsTheStep(t *testing.T) {
 	b, fc := setupFaulty(t, stepmysql.WithOutbox())
 	ctx := t.Context()
-	step := fanOutStep("lostcommit", 1, 2)
+	step := testkit.FanOut("lostcommit", 1, 2)
 	if err := b.store.StoreStep(ctx, step, time.Now()); err != nil {
 		t.Fatal(err)
 	}
@@ -273,7 +275,7 @@ func TestLostCommitAnswerOnTheCompletingResultStillReturnsTheStep(t *testing.T) 
 	fc.mu.Lock()
 	fc.loseCommits = 1
 	fc.mu.Unlock()
-	r, err := b.store.StoreCommandResponseAndRetrieveCompletedStep(ctx, step.IDs[0], result(step.Commands[0].CommandUUID))
+	r, err := b.store.StoreCommandResponseAndRetrieveCompletedStep(ctx, step.IDs[0], testkit.CommandResult(step.Commands[0].CommandUUID))
 	if err != nil || r != nil {
 		t.Fatalf("first command: %v, %v; want stored, not complete", r, err)
 	}
@@ -282,7 +284,7 @@ func TestLostCommitAnswerOnTheCompletingResultStillReturnsTheStep(t *testing.T) 
 	fc.mu.Lock()
 	fc.loseCommits = 1
 	fc.mu.Unlock()
-	r, err = b.store.StoreCommandResponseAndRetrieveCompletedStep(ctx, step.IDs[0], result(step.Commands[1].CommandUUID))
+	r, err = b.store.StoreCommandResponseAndRetrieveCompletedStep(ctx, step.IDs[0], testkit.CommandResult(step.Commands[1].CommandUUID))
 	if err != nil || r == nil {
 		t.Fatalf("last command: %v, %v; want the completed step", r, err)
 	}
@@ -293,7 +295,7 @@ func TestLostCommitAnswerOnTheCompletingResultStillReturnsTheStep(t *testing.T) 
 		t.Fatalf("completed step holds %d commands, want 2", len(r.Commands))
 	}
 	for _, c := range r.Commands {
-		if string(c.ResultReport) != string(result(c.CommandUUID).ResultReport) {
+		if string(c.ResultReport) != string(testkit.CommandResult(c.CommandUUID).ResultReport) {
 			t.Errorf("command %s: result %q", c.CommandUUID, c.ResultReport)
 		}
 	}

@@ -3,12 +3,14 @@ package mysql_test
 import (
 	"database/sql"
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
 
+	"github.com/stepcollect/stepcollect/internal/testkit"
 	"github.com/stepcollect/stepcollect/storage"
 	stepmysql "github.com/stepcollect/stepcollect/storage/mysql"
 )
@@ -33,7 +35,7 @@ func countOutbox(t *testing.T, db *sql.DB) int {
 func TestARetriedTimeoutReportsEachEnrollmentOnce(t *testing.T) {
 	b, fc := setupFaulty(t)
 	ctx := t.Context()
-	step := fanOutStep("timeoutretry", 2, 1)
+	step := testkit.FanOut("timeoutretry", 2, 1)
 	step.Timeout = time.Now().Add(-time.Second)
 	if err := b.store.StoreStep(ctx, step, time.Now()); err != nil {
 		t.Fatal(err)
@@ -67,7 +69,7 @@ func TestARetriedTimeoutWritesAndHandsOffEachEventOnce(t *testing.T) {
 	sink := newRecordingSink()
 	b, fc := setupFaulty(t, stepmysql.WithOutbox(), stepmysql.WithEventSink(sink))
 	ctx := t.Context()
-	step := fanOutStep("timeoutevents", 2, 1)
+	step := testkit.FanOut("timeoutevents", 2, 1)
 	step.Timeout = time.Now().Add(-time.Second)
 	if err := b.store.StoreStep(ctx, step, time.Now()); err != nil {
 		t.Fatal(err)
@@ -95,7 +97,7 @@ func TestAFailedDueEventHandsOffNothing(t *testing.T) {
 	sink := newRecordingSink()
 	b, fc := setupFaulty(t, stepmysql.WithOutbox(), stepmysql.WithEventSink(sink))
 	ctx := t.Context()
-	step := fanOutStep("duefail", 2, 1)
+	step := testkit.FanOut("duefail", 2, 1)
 	step.NotUntil = time.Now().Add(-time.Second)
 	if err := b.store.StoreStep(ctx, step, time.Now()); err != nil {
 		t.Fatal(err)
@@ -123,7 +125,7 @@ func TestARetriedDueBatchReturnsEachStepOnce(t *testing.T) {
 	b, fc := setupFaulty(t)
 	ctx := t.Context()
 	for _, p := range []string{"dueretry-a", "dueretry-b"} {
-		step := fanOutStep(p, 1, 1)
+		step := testkit.FanOut(p, 1, 1)
 		step.NotUntil = time.Now().Add(-time.Second)
 		if err := b.store.StoreStep(ctx, step, time.Now()); err != nil {
 			t.Fatal(err)
@@ -164,7 +166,7 @@ func assertSinkRefsExist(t *testing.T, b *bundle, sink *recordingSink, want int)
 func TestALostCommitAnswerWithTheRowsCancelledMeanwhileIsNoCompletion(t *testing.T) {
 	b, fc := setupFaulty(t, stepmysql.WithOutbox())
 	ctx := t.Context()
-	step := fanOutStep("lostcancel", 1, 1)
+	step := testkit.FanOut("lostcancel", 1, 1)
 	if err := b.store.StoreStep(ctx, step, time.Now()); err != nil {
 		t.Fatal(err)
 	}
@@ -177,7 +179,7 @@ func TestALostCommitAnswerWithTheRowsCancelledMeanwhileIsNoCompletion(t *testing
 	}
 	fc.mu.Unlock()
 
-	r, err := b.store.StoreCommandResponseAndRetrieveCompletedStep(ctx, step.IDs[0], result(step.Commands[0].CommandUUID))
+	r, err := b.store.StoreCommandResponseAndRetrieveCompletedStep(ctx, step.IDs[0], testkit.CommandResult(step.Commands[0].CommandUUID))
 	if fc.dropped != 1 {
 		t.Fatalf("dropped %d COMMITs, want 1: the fault never happened", fc.dropped)
 	}
@@ -197,11 +199,11 @@ func TestALostCommitAnswerWithTheRowsCancelledMeanwhileIsNoCompletion(t *testing
 // meanwhile by a cancel are never taken as its success.
 func TestAServerErrorReplyToCommitIsNotAnAmbiguousCommit(t *testing.T) {
 	for _, code := range []uint16{1927, 1053, 1317} {
-		t.Run(itoa(int(code)), func(t *testing.T) {
+		t.Run(strconv.Itoa(int(code)), func(t *testing.T) {
 			// without the outbox: only the reply itself can tell
 			b, fc := setupFaulty(t)
 			ctx := t.Context()
-			step := fanOutStep("refused", 1, 1)
+			step := testkit.FanOut("refused", 1, 1)
 			if err := b.store.StoreStep(ctx, step, time.Now()); err != nil {
 				t.Fatal(err)
 			}
@@ -213,7 +215,7 @@ func TestAServerErrorReplyToCommitIsNotAnAmbiguousCommit(t *testing.T) {
 				}
 			}
 			fc.mu.Unlock()
-			r, err := b.store.StoreCommandResponseAndRetrieveCompletedStep(ctx, step.IDs[0], result(step.Commands[0].CommandUUID))
+			r, err := b.store.StoreCommandResponseAndRetrieveCompletedStep(ctx, step.IDs[0], testkit.CommandResult(step.Commands[0].CommandUUID))
 			if fc.refused != 1 {
 				t.Fatalf("refused %d COMMITs, want 1", fc.refused)
 			}
@@ -229,14 +231,14 @@ func TestAServerErrorReplyToCommitIsNotAnAmbiguousCommit(t *testing.T) {
 func TestALostCommitAnswerWithoutTheOutboxIsAnErrorNotAGuess(t *testing.T) {
 	b, fc := setupFaulty(t)
 	ctx := t.Context()
-	step := fanOutStep("lostlib", 1, 1)
+	step := testkit.FanOut("lostlib", 1, 1)
 	if err := b.store.StoreStep(ctx, step, time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	fc.mu.Lock()
 	fc.loseCommits = 1
 	fc.mu.Unlock()
-	r, err := b.store.StoreCommandResponseAndRetrieveCompletedStep(ctx, step.IDs[0], result(step.Commands[0].CommandUUID))
+	r, err := b.store.StoreCommandResponseAndRetrieveCompletedStep(ctx, step.IDs[0], testkit.CommandResult(step.Commands[0].CommandUUID))
 	if fc.lost != 1 {
 		t.Fatalf("lost %d COMMIT answers, want 1", fc.lost)
 	}
@@ -250,7 +252,7 @@ func TestALostCommitAnswerWithoutTheOutboxIsAnErrorNotAGuess(t *testing.T) {
 func TestStoreStepAfterALostCommitAnswerReturnsItsStep(t *testing.T) {
 	b, fc := setupFaulty(t)
 	ctx := t.Context()
-	step := fanOutStep("storelost", 3, 2)
+	step := testkit.FanOut("storelost", 3, 2)
 	fc.mu.Lock()
 	fc.loseCommits = 1
 	fc.mu.Unlock()
@@ -275,7 +277,7 @@ func TestStoreStepAfterALostCommitAnswerReturnsItsStep(t *testing.T) {
 func TestStoreStepAfterADroppedCommitStoresItOnce(t *testing.T) {
 	b, fc := setupFaulty(t)
 	ctx := t.Context()
-	step := fanOutStep("storedropped", 3, 2)
+	step := testkit.FanOut("storedropped", 3, 2)
 	fc.mu.Lock()
 	fc.dropCommits = 1
 	fc.mu.Unlock()
@@ -298,7 +300,7 @@ func TestStoreStepAfterADroppedCommitStoresItOnce(t *testing.T) {
 func TestASkippedClaimIsCheckedAgainUntilTheStepIsGone(t *testing.T) {
 	b := setup(t, nil)
 	ctx := t.Context()
-	step := fanOutStep("skipped", 1, 1)
+	step := testkit.FanOut("skipped", 1, 1)
 	stepID, err := b.store.StoreStepID(ctx, step, time.Now())
 	if err != nil {
 		t.Fatal(err)
@@ -335,7 +337,7 @@ func TestASkippedClaimIsCheckedAgainUntilTheStepIsGone(t *testing.T) {
 func TestAClaimSkippedForLongIsReportedNotDropped(t *testing.T) {
 	b := setup(t, nil)
 	ctx := t.Context()
-	step := fanOutStep("heldlong", 1, 1)
+	step := testkit.FanOut("heldlong", 1, 1)
 	stepID, err := b.store.StoreStepID(ctx, step, time.Now())
 	if err != nil {
 		t.Fatal(err)
@@ -352,7 +354,7 @@ func TestAClaimSkippedForLongIsReportedNotDropped(t *testing.T) {
 		t.Fatal(err)
 	}
 	res, err := b.store.Collect(ctx, []storage.UnreferencedStep{{ID: stepID, ObservedAt: time.Now()}})
-	if !errors.Is(err, storage.ErrClaimSkipped) || !strings.Contains(err.Error(), itoa(int(stepID))) || res[storage.CollectClaimedElsewhere] != 1 {
+	if !errors.Is(err, storage.ErrClaimSkipped) || !strings.Contains(err.Error(), strconv.Itoa(int(stepID))) || res[storage.CollectClaimedElsewhere] != 1 {
 		t.Fatalf("collect while the row stays locked: %v, %v; want ErrClaimSkipped naming step %d", res, err, stepID)
 	}
 	if err := holder.Rollback(); err != nil {
@@ -376,7 +378,7 @@ func TestStoreStepRefusesUnstorableTimesNamingTheField(t *testing.T) {
 		{"not_until", func(nu, _ *time.Time) { *nu = time.Date(1960, 1, 1, 0, 0, 0, 0, time.UTC) }},
 		{"timeout", func(_, to *time.Time) { *to = time.Date(1969, 12, 31, 0, 0, 0, 0, time.UTC) }},
 	} {
-		step := fanOutStep("times", 1, 1)
+		step := testkit.FanOut("times", 1, 1)
 		tc.set(&step.NotUntil, &step.Timeout)
 		_, err := b.store.StoreStepID(ctx, step, time.Now())
 		if storage.ErrorCode(err) != storage.EInvalid || !strings.HasPrefix(err.Error(), tc.field+": ") {
@@ -394,7 +396,7 @@ func TestStoreStepRefusesUnstorableTimesNamingTheField(t *testing.T) {
 func TestALargeStepTimesOutInBoundedTransactions(t *testing.T) {
 	b := setup(t, nil)
 	ctx := t.Context()
-	step := fanOutStep("bigtimeout", 2500, 2)
+	step := testkit.FanOut("bigtimeout", 2500, 2)
 	step.Timeout = time.Now().Add(-time.Second)
 	if err := b.store.StoreStep(ctx, step, time.Now()); err != nil {
 		t.Fatal(err)

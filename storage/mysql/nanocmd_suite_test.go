@@ -5,6 +5,8 @@ import (
 
 	nanostorage "github.com/micromdm/nanocmd/engine/storage"
 	nanotest "github.com/micromdm/nanocmd/engine/storage/test"
+
+	"github.com/stepcollect/stepcollect/internal/testkit"
 )
 
 // NanoCMD's own behavioural suite, on a database this package migrated.
@@ -16,9 +18,9 @@ func TestNanoCMDSuiteOnFreshDatabase(t *testing.T) {
 // The same suite on a database NanoCMD v0.7.1 made with its schema.sql,
 // then migrated by us: adopting an existing NanoCMD database must work.
 func TestNanoCMDSuiteOnNanoCMDMadeDatabase(t *testing.T) {
-	b := setup(t, &setupOpts{noMigrate: true})
-	loadNanoCMDSchema(t, b.db.DB)
-	b = setup(t, &setupOpts{db: b.db})
+	db := testkit.NewDB(t, &testkit.DBOptions{Empty: true})
+	loadNanoCMDSchema(t, db.DB)
+	b := setup(t, &setupOpts{db: db, migrate: true})
 	nanotest.TestEngineStorage(t, func() nanostorage.AllStorage { return b.store })
 }
 

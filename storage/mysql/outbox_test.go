@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/stepcollect/stepcollect/events"
+	"github.com/stepcollect/stepcollect/internal/testkit"
 	"github.com/stepcollect/stepcollect/storage"
 	"github.com/stepcollect/stepcollect/storage/mysql"
 )
@@ -45,14 +46,14 @@ func outboxEvents(t *testing.T, b *bundle) map[string]events.Event {
 func TestEveryCompletionWritesExactlyOneEventWithItsResults(t *testing.T) {
 	b := setup(t, &setupOpts{extra: []mysql.Option{mysql.WithOutbox()}})
 	ctx := t.Context()
-	step := fanOutStep("outbox", 200, 2)
+	step := testkit.FanOut("outbox", 200, 2)
 	stepID, err := b.store.StoreStepID(ctx, step, time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
 	startTogether(len(step.IDs)*2, func(i int) {
 		id, cmd := step.IDs[i/2], step.Commands[i%2].CommandUUID
-		if _, err := b.store.StoreCommandResponseAndRetrieveCompletedStep(ctx, id, result(cmd)); err != nil {
+		if _, err := b.store.StoreCommandResponseAndRetrieveCompletedStep(ctx, id, testkit.CommandResult(cmd)); err != nil {
 			t.Errorf("%s/%s: %v", id, cmd, err)
 		}
 	})
@@ -70,7 +71,7 @@ func TestEveryCompletionWritesExactlyOneEventWithItsResults(t *testing.T) {
 			t.Errorf("%s: %d commands", id, len(ev.Step.Commands))
 		}
 		for _, c := range ev.Step.Commands {
-			if !c.Completed || string(c.Result) != string(result(c.CommandUUID).ResultReport) || c.RequestType != "DeviceInformation" {
+			if !c.Completed || string(c.Result) != string(testkit.CommandResult(c.CommandUUID).ResultReport) || c.RequestType != "DeviceInformation" {
 				t.Errorf("%s: command %+v", id, c)
 			}
 		}
@@ -84,16 +85,16 @@ func TestEveryCompletionWritesExactlyOneEventWithItsResults(t *testing.T) {
 // step, and the outbox holds its event once, not twice.
 func TestLostCommitAnswerStillWritesOneEvent(t *testing.T) {
 	b, fc := setupFaulty(t)
-	b = setup(t, &setupOpts{db: b.db, noMigrate: true, extra: []mysql.Option{mysql.WithOutbox()}})
+	b = setup(t, &setupOpts{db: b.db, extra: []mysql.Option{mysql.WithOutbox()}})
 	ctx := t.Context()
-	step := fanOutStep("lostevent", 1, 1)
+	step := testkit.FanOut("lostevent", 1, 1)
 	if err := b.store.StoreStep(ctx, step, time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	fc.mu.Lock()
 	fc.loseCommits = 1
 	fc.mu.Unlock()
-	r, err := b.store.StoreCommandResponseAndRetrieveCompletedStep(ctx, step.IDs[0], result(step.Commands[0].CommandUUID))
+	r, err := b.store.StoreCommandResponseAndRetrieveCompletedStep(ctx, step.IDs[0], testkit.CommandResult(step.Commands[0].CommandUUID))
 	if err != nil || r == nil {
 		t.Fatalf("%v, %v", r, err)
 	}
@@ -108,7 +109,7 @@ func TestLostCommitAnswerStillWritesOneEvent(t *testing.T) {
 func TestStepStatusCountsOutstandingEnrollmentsUntilCollected(t *testing.T) {
 	b := setup(t, nil)
 	ctx := t.Context()
-	step := fanOutStep("status", 3, 2)
+	step := testkit.FanOut("status", 3, 2)
 	id, err := b.store.StoreStepID(ctx, step, time.Now())
 	if err != nil {
 		t.Fatal(err)
@@ -118,7 +119,7 @@ func TestStepStatusCountsOutstandingEnrollmentsUntilCollected(t *testing.T) {
 		t.Fatalf("status %+v, %v", st, err)
 	}
 	for _, c := range step.Commands {
-		b.store.StoreCommandResponseAndRetrieveCompletedStep(ctx, step.IDs[0], result(c.CommandUUID))
+		b.store.StoreCommandResponseAndRetrieveCompletedStep(ctx, step.IDs[0], testkit.CommandResult(c.CommandUUID))
 	}
 	if st, _ := b.store.StepStatus(ctx, id); st.OutstandingIDs != 2 {
 		t.Errorf("outstanding %d after one enrollment finished, want 2", st.OutstandingIDs)
@@ -149,7 +150,7 @@ func TestTimeOutStepsWritesOneEventPerEnrollmentAsItStood(t *testing.T) {
 	sink := newRecordingSink()
 	b := setup(t, &setupOpts{extra: []mysql.Option{mysql.WithOutbox(), mysql.WithEventSink(sink)}})
 	ctx := t.Context()
-	step := fanOutStep("tmo", 3, 2)
+	step := testkit.FanOut("tmo", 3, 2)
 	step.Timeout = time.Now().Add(-time.Second)
 	stepID, err := b.store.StoreStepID(ctx, step, time.Now())
 	if err != nil {
@@ -157,9 +158,9 @@ func TestTimeOutStepsWritesOneEventPerEnrollmentAsItStood(t *testing.T) {
 	}
 	// one enrollment finished, one half, one nothing
 	for _, c := range step.Commands {
-		b.store.StoreCommandResponseAndRetrieveCompletedStep(ctx, step.IDs[0], result(c.CommandUUID))
+		b.store.StoreCommandResponseAndRetrieveCompletedStep(ctx, step.IDs[0], testkit.CommandResult(c.CommandUUID))
 	}
-	b.store.StoreCommandResponseAndRetrieveCompletedStep(ctx, step.IDs[1], result(step.Commands[0].CommandUUID))
+	b.store.StoreCommandResponseAndRetrieveCompletedStep(ctx, step.IDs[1], testkit.CommandResult(step.Commands[0].CommandUUID))
 	sink.refs = nil
 
 	n, err := b.store.TimeOutSteps(ctx, time.Now())
@@ -196,13 +197,13 @@ func TestTimeOutStepsWritesOneEventPerEnrollmentAsItStood(t *testing.T) {
 func TestSendDueStepsWritesOneEventPerStepWithItsRawCommands(t *testing.T) {
 	b := setup(t, &setupOpts{extra: []mysql.Option{mysql.WithOutbox()}})
 	ctx := t.Context()
-	step := fanOutStep("due", 4, 2)
+	step := testkit.FanOut("due", 4, 2)
 	step.NotUntil = time.Now().Add(-time.Second)
 	stepID, err := b.store.StoreStepID(ctx, step, time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
-	later := fanOutStep("later", 1, 1)
+	later := testkit.FanOut("later", 1, 1)
 	later.NotUntil = time.Now().Add(time.Hour)
 	if err := b.store.StoreStep(ctx, later, time.Now()); err != nil {
 		t.Fatal(err)
@@ -233,9 +234,9 @@ func TestClaimEventIsExclusiveUntilItsLeaseRunsOut(t *testing.T) {
 	sink := newRecordingSink()
 	b := setup(t, &setupOpts{extra: []mysql.Option{mysql.WithOutbox(), mysql.WithEventSink(sink)}})
 	ctx := t.Context()
-	step := fanOutStep("claim", 1, 1)
+	step := testkit.FanOut("claim", 1, 1)
 	b.store.StoreStep(ctx, step, time.Now())
-	b.store.StoreCommandResponseAndRetrieveCompletedStep(ctx, step.IDs[0], result(step.Commands[0].CommandUUID))
+	b.store.StoreCommandResponseAndRetrieveCompletedStep(ctx, step.IDs[0], testkit.CommandResult(step.Commands[0].CommandUUID))
 	if len(sink.refs) != 1 {
 		t.Fatalf("sink told of %d events", len(sink.refs))
 	}

@@ -8,26 +8,25 @@ import (
 	"testing"
 	"time"
 
-	nanostorage "github.com/micromdm/nanocmd/engine/storage"
 	"github.com/rs/zerolog"
 
-	"github.com/stepcollect/stepcollect/internal/testdb"
+	"github.com/stepcollect/stepcollect/internal/testkit"
 	"github.com/stepcollect/stepcollect/storage"
 	"github.com/stepcollect/stepcollect/storage/mysql"
 )
 
 // bundle is what most tests need: a migrated database of their own and a
-// storage on it running its transactions at READ COMMITTED.
+// storage on it (its sessions at READ COMMITTED, as OpenDB sets them).
 type bundle struct {
-	db    *testdb.DB
+	db    *testkit.DB
 	store *mysql.Storage
 	obs   *countingObserver
 }
 
 type setupOpts struct {
 	collector storage.Collector
-	db        *testdb.DB // reuse instead of creating
-	noMigrate bool
+	db        *testkit.DB // reuse instead of creating
+	migrate   bool        // migrate db (one made another way)
 	extra     []mysql.Option
 }
 
@@ -38,9 +37,9 @@ func setup(t *testing.T, o *setupOpts) *bundle {
 	}
 	db := o.db
 	if db == nil {
-		db = testdb.New(t, nil)
+		db = testkit.NewDB(t, nil)
 	}
-	if !o.noMigrate {
+	if o.migrate {
 		if err := mysql.Migrate(context.Background(), db.DB); err != nil {
 			t.Fatal(err)
 		}
@@ -48,7 +47,6 @@ func setup(t *testing.T, o *setupOpts) *bundle {
 	obs := newCountingObserver()
 	opts := []mysql.Option{
 		mysql.WithDB(db.DB),
-		mysql.WithIsolation(sql.LevelReadCommitted),
 		mysql.WithObserver(obs),
 		mysql.WithLogger(zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel)),
 	}
@@ -80,46 +78,9 @@ func loadNanoCMDSchema(t *testing.T, db *sql.DB) {
 	}
 }
 
-type rowCounts = testdb.StepRows
+type rowCounts = testkit.StepRows
 
-func countRows(t *testing.T, db *sql.DB) rowCounts { return testdb.CountStepRows(t, db) }
-
-// fanOutStep is a step of one command per enrollment, to n enrollments.
-func fanOutStep(prefix string, n, cmds int) *nanostorage.StepEnqueuingWithConfig {
-	step := &nanostorage.StepEnqueuingWithConfig{}
-	step.WorkflowName = "io.stepcollect.test." + prefix
-	step.InstanceID = prefix + "-instance"
-	step.Name = "step"
-	step.Context = []byte("ctx-" + prefix)
-	for i := range n {
-		step.IDs = append(step.IDs, enrollmentID(prefix, i))
-	}
-	for c := range cmds {
-		step.Commands = append(step.Commands, nanostorage.StepCommandRaw{
-			CommandUUID: commandUUID(prefix, c), RequestType: "DeviceInformation", Command: []byte("<plist/>"),
-		})
-	}
-	return step
-}
-
-func enrollmentID(prefix string, i int) string { return prefix + "-ID-" + pad(i) }
-func commandUUID(prefix string, c int) string  { return prefix + "-UUID-" + pad(c) }
-
-func pad(i int) string {
-	s := "00000" + itoa(i)
-	return s[len(s)-5:]
-}
-
-func itoa(i int) string {
-	if i < 10 {
-		return string(rune('0' + i))
-	}
-	return itoa(i/10) + string(rune('0'+i%10))
-}
-
-func result(uuid string) *nanostorage.StepCommandResult {
-	return &nanostorage.StepCommandResult{CommandUUID: uuid, Completed: true, ResultReport: []byte("<plist>" + uuid + "</plist>")}
-}
+func countRows(t *testing.T, db *sql.DB) rowCounts { return testkit.CountStepRows(t, db) }
 
 // startTogether runs fn(i) for i in [0,n) in n goroutines released at the
 // same moment, and waits for all of them.

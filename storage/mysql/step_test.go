@@ -1,7 +1,6 @@
 package mysql_test
 
 import (
-	"database/sql"
 	"fmt"
 	"go/ast"
 	"go/parser"
@@ -13,7 +12,7 @@ import (
 
 	nanostorage "github.com/micromdm/nanocmd/engine/storage"
 
-	"github.com/stepcollect/stepcollect/internal/testdb"
+	"github.com/stepcollect/stepcollect/internal/testkit"
 	"github.com/stepcollect/stepcollect/storage"
 	"github.com/stepcollect/stepcollect/storage/mysql"
 )
@@ -21,14 +20,14 @@ import (
 func TestStoreStepConflictNamesTheEnrollmentAndCommandAndWritesNothing(t *testing.T) {
 	b := setup(t, nil)
 	ctx := t.Context()
-	first := fanOutStep("conflict", 3, 1)
+	first := testkit.FanOut("conflict", 3, 1)
 	if err := b.store.StoreStep(ctx, first, time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	before := countRows(t, b.db.DB)
 
 	// 2500 ids (three INSERT chunks), the last of which collides
-	second := fanOutStep("other", 2500, 2)
+	second := testkit.FanOut("other", 2500, 2)
 	second.Commands[1].CommandUUID = first.Commands[0].CommandUUID
 	second.IDs[2499] = first.IDs[1]
 	second.NotUntil = time.Now().Add(time.Hour)
@@ -71,7 +70,7 @@ func TestStoreStepRejectsBadInputNamingTheField(t *testing.T) {
 		}, "commands[1].command: missing (a not_until step keeps its raw commands to send later)"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			step := fanOutStep("bad", 3, 2)
+			step := testkit.FanOut("bad", 3, 2)
 			tc.mutate(step)
 			err := b.store.StoreStep(ctx, step, time.Now())
 			if storage.ErrorCode(err) != storage.EInvalid || err.Error() != tc.want {
@@ -162,13 +161,13 @@ func mysqlQueriesSource(t *testing.T) string {
 func TestStoringAgainAfterCollectionMakesANewStep(t *testing.T) {
 	b := setup(t, nil)
 	ctx := t.Context()
-	step := fanOutStep("again", 2, 1)
+	step := testkit.FanOut("again", 2, 1)
 	first, err := b.store.StoreStepID(ctx, step, time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, id := range step.IDs {
-		if _, err := b.store.StoreCommandResponseAndRetrieveCompletedStep(ctx, id, result(step.Commands[0].CommandUUID)); err != nil {
+		if _, err := b.store.StoreCommandResponseAndRetrieveCompletedStep(ctx, id, testkit.CommandResult(step.Commands[0].CommandUUID)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -180,19 +179,19 @@ func TestStoringAgainAfterCollectionMakesANewStep(t *testing.T) {
 		t.Fatalf("step id %d reused", first)
 	}
 	var n int
-	n = testdb.Count(t, b.db.DB, `SELECT COUNT(*) FROM id_commands WHERE step_id = ?`, first)
+	n = testkit.Count(t, b.db.DB, `SELECT COUNT(*) FROM id_commands WHERE step_id = ?`, first)
 	if n != 0 {
 		t.Errorf("the collected step %d gained %d references", first, n)
 	}
 }
 
 func TestMigrateFromManyProcessesAtOnceAppliesOnce(t *testing.T) {
-	db := testdb.New(t, nil)
+	db := testkit.NewDB(t, &testkit.DBOptions{Empty: true})
 	const procs = 8
 	errs := make([]error, procs)
 	startTogether(procs, func(i int) {
 		// each "process" has its own pool, as replicas would
-		own, err := sql.Open("mysql", db.DSN)
+		own, err := mysql.OpenDB(db.DSN)
 		if err != nil {
 			errs[i] = err
 			return
@@ -210,7 +209,7 @@ func TestMigrateFromManyProcessesAtOnceAppliesOnce(t *testing.T) {
 		t.Fatalf("schema version %d of %d: %v", cur, latest, err)
 	}
 	var applied int
-	applied = testdb.Count(t, db.DB, `SELECT COUNT(*) FROM `+mysql.MigrationsTable+` WHERE version_id > 0`)
+	applied = testkit.Count(t, db.DB, `SELECT COUNT(*) FROM `+mysql.MigrationsTable+` WHERE version_id > 0`)
 	if applied != int(latest) {
 		t.Errorf("%d migrations recorded, want %d (each once)", applied, latest)
 	}
@@ -222,7 +221,7 @@ func TestMigrateFromManyProcessesAtOnceAppliesOnce(t *testing.T) {
 
 // OpenDB's sessions run at READ COMMITTED without a per-transaction SET.
 func TestOpenDBSessionsAreReadCommitted(t *testing.T) {
-	tdb := testdb.New(t, nil)
+	tdb := testkit.NewDB(t, nil)
 	db, err := mysql.OpenDB(tdb.DSN)
 	if err != nil {
 		t.Fatal(err)

@@ -1,10 +1,4 @@
-// Package testdb gives each test its own MySQL/MariaDB database: created as
-// test_<random>, dropped when the test ends, reached through a real pool.
-//
-// The server comes from STEPCOLLECT_TEST_MYSQL_DSN (default
-// root@tcp(127.0.0.1:3306)/). When it does not answer the test is skipped,
-// except under CI=true, where it fails: CI must never pass by skipping.
-package testdb
+package testkit
 
 import (
 	"context"
@@ -18,6 +12,8 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
+
+	stepmysql "github.com/stepcollect/stepcollect/storage/mysql"
 )
 
 // DefaultServerDSN is the server tests use unless STEPCOLLECT_TEST_MYSQL_DSN says otherwise.
@@ -29,16 +25,23 @@ const DefaultServerDSN = "root@tcp(127.0.0.1:3306)/"
 // max_connections (151 by default).
 const PoolSize = 48
 
-// Options adjust a test database.
-type Options struct {
+// DBOptions adjust a test database.
+type DBOptions struct {
 	// LockWaitTimeout sets the session's innodb_lock_wait_timeout in seconds
-	// (per session, never GLOBAL). Default 2.
+	// (per session, through the DSN, never GLOBAL). Default 2.
 	LockWaitTimeout int
-	// NoInterpolate keeps server-side prepared statements.
+	// NoInterpolate keeps server-side prepared statements
+	// (interpolateParams=false).
 	NoInterpolate bool
+	// Empty leaves the database unmigrated, for tests of the migrations
+	// themselves or of a schema made by someone else.
+	Empty bool
 }
 
-// DB is a fresh, empty test database.
+// DB is a fresh test database: created as test_<random>, dropped when the
+// test ends, and reached through a real pool opened by the service's own
+// stepmysql.OpenDB (every session at READ COMMITTED, parameters
+// interpolated unless NoInterpolate).
 type DB struct {
 	*sql.DB
 	Name string
@@ -53,9 +56,9 @@ func ServerDSN() string {
 	return DefaultServerDSN
 }
 
-// RequireServer fails (under CI=true) or skips the test when the server does
+// RequireMySQL fails (under CI=true) or skips the test when the server does
 // not answer.
-func RequireServer(t testing.TB) {
+func RequireMySQL(t testing.TB) {
 	t.Helper()
 	db, err := sql.Open("mysql", ServerDSN())
 	if err == nil {
@@ -72,27 +75,28 @@ func RequireServer(t testing.TB) {
 	}
 }
 
-// New creates a database for t and drops it when t ends.
-func New(t testing.TB, opts *Options) *DB {
+// NewDB creates a database for t, migrates it (unless opts.Empty) and
+// drops it when t ends.
+func NewDB(t testing.TB, opts *DBOptions) *DB {
 	t.Helper()
-	RequireServer(t)
+	RequireMySQL(t)
 	if opts == nil {
-		opts = &Options{}
+		opts = &DBOptions{}
 	}
-	if opts.LockWaitTimeout == 0 {
-		opts.LockWaitTimeout = 2
+	lockWait := opts.LockWaitTimeout
+	if lockWait == 0 {
+		lockWait = 2
 	}
 	admin, err := sql.Open("mysql", ServerDSN())
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("opening the server %s: %v", ServerDSN(), err)
 	}
 	t.Cleanup(func() { admin.Close() })
 
 	b := make([]byte, 6)
 	rand.Read(b)
 	name := "test_" + hex.EncodeToString(b)
-	ctx := context.Background()
-	if _, err := admin.ExecContext(ctx, "CREATE DATABASE "+name); err != nil {
+	if _, err := admin.ExecContext(context.Background(), "CREATE DATABASE "+name); err != nil {
 		t.Fatalf("creating test database: %v", err)
 	}
 	t.Cleanup(func() {
@@ -103,7 +107,7 @@ func New(t testing.TB, opts *Options) *DB {
 
 	cfg, err := mysql.ParseDSN(ServerDSN())
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("server DSN: %v", err)
 	}
 	cfg.DBName = name
 	cfg.ParseTime = true
@@ -111,18 +115,25 @@ func New(t testing.TB, opts *Options) *DB {
 	if cfg.Params == nil {
 		cfg.Params = map[string]string{}
 	}
-	cfg.Params["innodb_lock_wait_timeout"] = strconv.Itoa(opts.LockWaitTimeout)
+	cfg.Params["innodb_lock_wait_timeout"] = strconv.Itoa(lockWait)
 	dsn := cfg.FormatDSN()
 	if opts.NoInterpolate {
+		// FormatDSN leaves the default out; OpenDB turns interpolation on
+		// unless the DSN names it
 		dsn = strings.Replace(dsn, "?", "?interpolateParams=false&", 1)
 	}
-	db, err := sql.Open("mysql", dsn)
+	db, err := stepmysql.OpenDB(dsn)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("opening test database %s: %v", name, err)
 	}
 	db.SetMaxOpenConns(PoolSize)
 	db.SetMaxIdleConns(PoolSize)
 	t.Cleanup(func() { db.Close() })
+	if !opts.Empty {
+		if err := stepmysql.Migrate(context.Background(), db); err != nil {
+			t.Fatalf("migrating test database %s: %v", name, err)
+		}
+	}
 	return &DB{DB: db, Name: name, DSN: dsn}
 }
 
@@ -136,13 +147,13 @@ func CountStepRows(t testing.TB, db *sql.DB) StepRows {
 	err := db.QueryRow(`SELECT (SELECT COUNT(*) FROM steps), (SELECT COUNT(*) FROM id_commands), (SELECT COUNT(*) FROM step_commands)`).
 		Scan(&c.Steps, &c.IDCommands, &c.StepCommands)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("counting step rows: %v", err)
 	}
 	return c
 }
 
-// Count runs a query whose one row is integers and returns them, failing t
-// on any error: a broken count query must fail the test, never read as 0.
+// Count runs a query whose one row is one integer and returns it, failing
+// t on any error: a broken count query must fail the test, never read as 0.
 func Count(t testing.TB, db *sql.DB, query string, args ...any) int {
 	t.Helper()
 	var n int
@@ -150,4 +161,11 @@ func Count(t testing.TB, db *sql.DB, query string, args ...any) int {
 		t.Fatalf("%s: %v", strings.TrimSpace(query), err)
 	}
 	return n
+}
+
+// OutboxRows counts the events in the outbox, delivered or not yet
+// acknowledged.
+func OutboxRows(t testing.TB, db *sql.DB) int {
+	t.Helper()
+	return Count(t, db, `SELECT COUNT(*) FROM stepcollect_outbox`)
 }

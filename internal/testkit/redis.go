@@ -1,8 +1,7 @@
-// Package testredis starts a private redis-server for one test, on a free
-// port, so that the test can kill and restart it without touching the
-// shared one. Without redis-server the test is skipped, except under
-// CI=true, where it fails.
-package testredis
+package testkit
+
+// A private redis-server for one test, on a free port, so that the test can
+// kill and restart it without touching the shared one.
 
 import (
 	"fmt"
@@ -14,8 +13,8 @@ import (
 	"time"
 )
 
-// Server is a redis-server process owned by one test.
-type Server struct {
+// Redis is a redis-server process owned by one test.
+type Redis struct {
 	t    testing.TB
 	Port int
 	URL  string // redis://127.0.0.1:<port>/0
@@ -23,8 +22,8 @@ type Server struct {
 	dir  string
 }
 
-// Start starts a redis-server for t and stops it when t ends.
-func Start(t testing.TB) *Server {
+// StartRedis starts a redis-server for t and stops it when t ends.
+func StartRedis(t testing.TB) *Redis {
 	t.Helper()
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		if os.Getenv("CI") == "true" {
@@ -38,7 +37,7 @@ func Start(t testing.TB) *Server {
 	}
 	port := ln.Addr().(*net.TCPAddr).Port
 	ln.Close()
-	s := &Server{t: t, Port: port, URL: fmt.Sprintf("redis://127.0.0.1:%d/0", port), dir: t.TempDir()}
+	s := &Redis{t: t, Port: port, URL: fmt.Sprintf("redis://127.0.0.1:%d/0", port), dir: t.TempDir()}
 	s.start()
 	t.Cleanup(func() {
 		if s.cmd != nil {
@@ -49,29 +48,27 @@ func Start(t testing.TB) *Server {
 	return s
 }
 
-func (s *Server) start() {
+func (s *Redis) start() {
 	s.t.Helper()
 	s.cmd = exec.Command("redis-server", "--port", strconv.Itoa(s.Port), "--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no", "--dir", s.dir, "--daemonize", "no", "--loglevel", "warning")
 	if err := s.cmd.Start(); err != nil {
 		s.t.Fatalf("starting redis-server: %v", err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", s.Port), 200*time.Millisecond)
-		if err == nil {
+	var err error
+	if _, ok := Watch(time.Now().Add(10*time.Second), func() bool {
+		var c net.Conn
+		if c, err = net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", s.Port), 200*time.Millisecond); err == nil {
 			c.Close()
-			return
 		}
-		if time.Now().After(deadline) {
-			s.t.Fatalf("redis-server on port %d did not answer: %v", s.Port, err)
-		}
-		time.Sleep(20 * time.Millisecond)
+		return err == nil
+	}); !ok {
+		s.t.Fatalf("redis-server on port %d did not answer within 10s: %v", s.Port, err)
 	}
 }
 
 // Kill stops the server with SIGKILL: no goodbye to its clients.
-func (s *Server) Kill() {
+func (s *Redis) Kill() {
 	s.t.Helper()
 	if s.cmd == nil {
 		return
@@ -82,7 +79,7 @@ func (s *Server) Kill() {
 }
 
 // Restart starts the server again on the same port, empty.
-func (s *Server) Restart() {
+func (s *Redis) Restart() {
 	s.t.Helper()
 	s.Kill()
 	s.start()

@@ -1,7 +1,7 @@
-// Package testproc builds stepcollect's binaries and runs them as real
-// processes for tests that drive them from outside, as NanoMDM and a
-// workflow engine would.
-package testproc
+package testkit
+
+// stepcollect's binaries built and run as real processes, for tests that
+// drive them from outside, as NanoMDM and a workflow engine would.
 
 import (
 	"fmt"
@@ -75,9 +75,9 @@ type Proc struct {
 	logs *syncBuffer
 }
 
-// Start runs bin with args and extra environment (NAME=value), killing it
+// StartProc runs bin with args and extra environment (NAME=value), killing it
 // when t ends if it is still running.
-func Start(t testing.TB, bin string, env []string, args ...string) *Proc {
+func StartProc(t testing.TB, bin string, env []string, args ...string) *Proc {
 	t.Helper()
 	cmd := exec.Command(bin, args...)
 	cmd.Env = append(os.Environ(), env...)
@@ -143,23 +143,46 @@ func (p *Proc) Kill() {
 	p.Cmd.Wait()
 }
 
-// AwaitHTTP waits until GET url answers 200, or fails t after within.
+// AwaitHTTP waits until GET url answers 200, or fails t after within (or
+// as soon as p exits) with the last answer and p's output.
 func AwaitHTTP(t testing.TB, p *Proc, url string, within time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
+	var last string
+	exited := false
+	_, ok := Watch(time.Now().Add(within), func() bool {
+		if p.Cmd.ProcessState != nil {
+			exited = true
+			return true // no use waiting for a process that is gone
+		}
 		resp, err := http.Get(url)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return
-			}
+		if err != nil {
+			last = err.Error()
+			return false
 		}
-		if p.Cmd.ProcessState != nil || time.Now().After(deadline) {
-			t.Fatalf("%s did not answer 200 within %v (last: %v):\n%s", url, within, err, p.Logs())
-		}
-		time.Sleep(25 * time.Millisecond)
+		resp.Body.Close()
+		last = resp.Status
+		return resp.StatusCode == http.StatusOK
+	})
+	if !ok || exited {
+		t.Fatalf("%s did not answer 200 within %v (last: %s; exited: %v):\n%s", url, within, last, exited, p.Logs())
 	}
+}
+
+// StartService starts bin (the api or the worker) with env, listening on a
+// free address given to it as -<addrFlag>, and waits until its /readyz
+// answers 200. It returns the process and its base URL.
+func StartService(t testing.TB, bin string, env []string, addrFlag string, args ...string) (*Proc, string) {
+	t.Helper()
+	addr := FreeAddr(t)
+	p := StartProc(t, bin, env, append([]string{"-" + addrFlag, addr}, args...)...)
+	AwaitHTTP(t, p, "http://"+addr+"/readyz", 30*time.Second)
+	return p, "http://" + addr
+}
+
+// ServiceEnv is the environment that points a binary at dsn and redisURL,
+// with extra (NAME=value) after it.
+func ServiceEnv(dsn, redisURL string, extra ...string) []string {
+	return append([]string{"STEPCOLLECT_MYSQL_DSN=" + dsn, "STEPCOLLECT_REDIS_URL=" + redisURL}, extra...)
 }
 
 type syncBuffer struct {

@@ -1,0 +1,228 @@
+package testkit
+
+import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stepcollect/stepcollect/events"
+)
+
+// ReceiverOptions shape a Receiver.
+type ReceiverOptions struct {
+	// HMACKey, when set, is checked as README tells receivers to (standard
+	// base64 of HMAC-SHA256 over the body in X-Stepcollect-Signature); a
+	// bad signature is answered 401 and counted.
+	HMACKey []byte
+	// Delay is how long each answer takes, as a slow workflow engine's.
+	Delay time.Duration
+	// CompletionsOnly holds every event to be one enrollment's
+	// step.completed; anything else is a violation.
+	CompletionsOnly bool
+}
+
+// Receiver is a workflow engine's callback endpoint, written the way the
+// README tells receivers to: it checks each event (its id in the header
+// and the body; its signature, if asked), deduplicates on event_id, and
+// records when each event first arrived, how often each was delivered, and
+// that one enrollment's completion of one step always came under one
+// event id. Anything wrong it sees is a violation, which Check reports.
+type Receiver struct {
+	URL  string
+	opts ReceiverOptions
+
+	mu        sync.Mutex
+	status    int                     // answer every event with this (0: accept)
+	events    map[string]events.Event // by event id, the first accepted copy
+	first     map[string]time.Time    // event id → first accepted arrival
+	times     map[string]int          // event id → times accepted
+	byPair    map[string]string       // "step_id/enrollment" of a completion → event id
+	posts     int                     // every POST
+	refused   int                     // answered with status
+	badSigned int
+	wrong     []string
+}
+
+// NewReceiver starts a Receiver for t.
+func NewReceiver(t testing.TB, opts ReceiverOptions) *Receiver {
+	r := &Receiver{opts: opts, events: map[string]events.Event{}, first: map[string]time.Time{},
+		times: map[string]int{}, byPair: map[string]string{}}
+	srv := httptest.NewServer(r)
+	t.Cleanup(srv.Close)
+	r.URL = srv.URL
+	return r
+}
+
+func pairKey(stepID int64, enrollment string) string { return fmt.Sprintf("%d/%s", stepID, enrollment) }
+
+func (r *Receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	body, err := io.ReadAll(io.LimitReader(req.Body, 4<<20))
+	now := time.Now()
+	var ev events.Event
+	if err == nil {
+		err = json.Unmarshal(body, &ev)
+	}
+	// a slow engine: the event counts as received even if the worker is
+	// gone by the time it answers, as with a real receiver
+	time.Sleep(r.opts.Delay)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.posts++
+	if r.opts.HMACKey != nil {
+		mac := hmac.New(sha256.New, r.opts.HMACKey)
+		mac.Write(body)
+		want := base64.StdEncoding.EncodeToString(mac.Sum(nil))
+		if !hmac.Equal([]byte(req.Header.Get("X-Stepcollect-Signature")), []byte(want)) {
+			r.badSigned++
+			http.Error(w, "bad signature", http.StatusUnauthorized)
+			return
+		}
+	}
+	if err != nil || ev.EventID == "" {
+		r.wrong = append(r.wrong, fmt.Sprintf("unreadable event (%v): %.200s", err, body))
+		http.Error(w, "bad event", http.StatusBadRequest)
+		return
+	}
+	if h := req.Header.Get("X-Stepcollect-Event-Id"); h != ev.EventID {
+		r.wrong = append(r.wrong, fmt.Sprintf("X-Stepcollect-Event-Id %q for body event_id %q", h, ev.EventID))
+		http.Error(w, "bad event", http.StatusBadRequest)
+		return
+	}
+	if r.status != 0 {
+		r.refused++
+		http.Error(w, "refusing for the test", r.status)
+		return
+	}
+	completion := ev.Type == events.StepCompleted && len(ev.Step.IDs) == 1
+	if r.opts.CompletionsOnly && !completion {
+		r.wrong = append(r.wrong, fmt.Sprintf("event %s: type %q with ids %v, want one enrollment's step.completed", ev.EventID, ev.Type, ev.Step.IDs))
+	}
+	if completion {
+		pair := pairKey(ev.Step.StepID, ev.Step.IDs[0])
+		if prev, ok := r.byPair[pair]; ok && prev != ev.EventID {
+			r.wrong = append(r.wrong, fmt.Sprintf("step/enrollment %s delivered under event ids %s and %s", pair, prev, ev.EventID))
+		}
+		r.byPair[pair] = ev.EventID
+	}
+	if _, ok := r.first[ev.EventID]; !ok {
+		r.first[ev.EventID] = now
+		r.events[ev.EventID] = ev
+	}
+	r.times[ev.EventID]++
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// Refuse answers every event with status from now on (a 503, say); 0
+// accepts them again.
+func (r *Receiver) Refuse(status int) {
+	r.mu.Lock()
+	r.status = status
+	r.mu.Unlock()
+}
+
+// Distinct is how many distinct events were accepted.
+func (r *Receiver) Distinct() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.first)
+}
+
+// Events is every distinct event accepted, by event id.
+func (r *Receiver) Events() map[string]events.Event {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make(map[string]events.Event, len(r.events))
+	for k, v := range r.events {
+		out[k] = v
+	}
+	return out
+}
+
+// Times is how often the event was accepted.
+func (r *Receiver) Times(eventID string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.times[eventID]
+}
+
+// Redelivered is every event accepted more than once, with how often.
+func (r *Receiver) Redelivered() map[string]int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := map[string]int{}
+	for id, n := range r.times {
+		if n > 1 {
+			out[id] = n
+		}
+	}
+	return out
+}
+
+// Last is when the latest distinct event first arrived.
+func (r *Receiver) Last() time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var last time.Time
+	for _, at := range r.first {
+		if at.After(last) {
+			last = at
+		}
+	}
+	return last
+}
+
+// Has reports whether the completion of step by enrollment was delivered.
+func (r *Receiver) Has(stepID int64, enrollment string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	_, ok := r.byPair[pairKey(stepID, enrollment)]
+	return ok
+}
+
+// ReceiverStats is what a Receiver counted.
+type ReceiverStats struct {
+	Distinct  int // distinct events accepted
+	Pairs     int // distinct step/enrollment completions
+	Posts     int // every POST
+	Dups      int // accepted again after a first accept
+	Refused   int // answered as Refuse asked
+	BadSigned int
+}
+
+func (s ReceiverStats) String() string {
+	return fmt.Sprintf("%d distinct events (%d completions), %d POSTs, %d redelivered, %d refused, %d badly signed",
+		s.Distinct, s.Pairs, s.Posts, s.Dups, s.Refused, s.BadSigned)
+}
+
+// Stats is what the receiver counted so far.
+func (r *Receiver) Stats() ReceiverStats {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	dups := 0
+	for _, n := range r.times {
+		dups += n - 1
+	}
+	return ReceiverStats{Distinct: len(r.first), Pairs: len(r.byPair), Posts: r.posts, Dups: dups, Refused: r.refused, BadSigned: r.badSigned}
+}
+
+// Check fails t for every violation the receiver saw and every badly
+// signed delivery.
+func (r *Receiver) Check(t testing.TB) {
+	t.Helper()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, v := range r.wrong {
+		t.Errorf("receiver: %s", v)
+	}
+	if r.badSigned != 0 {
+		t.Errorf("receiver: %d deliveries failed the signature check", r.badSigned)
+	}
+}
