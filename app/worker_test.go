@@ -33,9 +33,6 @@ type workerBundle struct {
 func setupWorker(t *testing.T) *workerBundle {
 	t.Helper()
 	db := testkit.NewDB(t, nil)
-	if err := stepmysql.Migrate(t.Context(), db.DB); err != nil {
-		t.Fatal(err)
-	}
 	rs := testkit.StartRedis(t)
 	redisOpt, err := asynq.ParseRedisURI(rs.URL)
 	if err != nil {
@@ -43,8 +40,7 @@ func setupWorker(t *testing.T) *workerBundle {
 	}
 	enq := tasks.NewEnqueuer(redisOpt, tasks.WithCooldown(100*time.Millisecond))
 	t.Cleanup(func() { enq.Close() })
-	results, err := stepmysql.New(stepmysql.WithDB(db.DB), stepmysql.WithCollector(enq),
-		stepmysql.WithIsolation(sql.LevelReadCommitted))
+	results, err := stepmysql.New(stepmysql.WithDB(db.DB), stepmysql.WithCollector(enq))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,34 +73,14 @@ func startWorker(t *testing.T, b *workerBundle, sweep time.Duration) string {
 	return "http://" + w.MetricsAddr() + "/metrics"
 }
 
-type rowCounts = testkit.StepRows
-
-func countRows(t *testing.T, db *sql.DB) rowCounts { return testkit.CountStepRows(t, db) }
-
-// awaitEmpty waits, polling, until the step tables are empty or within is
-// up; it returns how long it took and whether they emptied.
-func awaitEmpty(t *testing.T, db *sql.DB, within time.Duration) (time.Duration, bool) {
+// awaitEmpty waits until the step tables are empty, failing t with what
+// is left after within, and returns how long it took.
+func awaitEmpty(t *testing.T, db *sql.DB, within time.Duration, what string) time.Duration {
 	t.Helper()
-	start := time.Now()
-	for {
-		if countRows(t, db) == (rowCounts{}) {
-			return time.Since(start), true
-		}
-		if time.Since(start) > within {
-			return time.Since(start), false
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-func fanOut(prefix string, n int) *nanostorage.StepEnqueuingWithConfig {
-	st := &nanostorage.StepEnqueuingWithConfig{}
-	st.WorkflowName, st.InstanceID, st.Name = "io.stepcollect.test", prefix, "step"
-	for i := range n {
-		st.IDs = append(st.IDs, fmt.Sprintf("%s-ID-%05d", prefix, i))
-	}
-	st.Commands = []nanostorage.StepCommandRaw{{CommandUUID: prefix + "-UUID", RequestType: "DeviceInformation", Command: []byte("<plist/>")}}
-	return st
+	return testkit.WaitUntil(t, within, what+": the step tables emptied", func() (bool, any) {
+		c := testkit.CountStepRows(t, db)
+		return c == (testkit.StepRows{}), c
+	})
 }
 
 // reportAll sends every enrollment's result at the same moment and fails the
@@ -120,8 +96,7 @@ func reportAll(t *testing.T, s *stepmysql.Storage, st *nanostorage.StepEnqueuing
 		go func() {
 			defer wg.Done()
 			<-release
-			r, err := s.StoreCommandResponseAndRetrieveCompletedStep(context.Background(), id, &nanostorage.StepCommandResult{
-				CommandUUID: st.Commands[0].CommandUUID, Completed: true, ResultReport: []byte("<plist/>")})
+			r, err := s.StoreCommandResponseAndRetrieveCompletedStep(context.Background(), id, testkit.CommandResult(st.Commands[0].CommandUUID))
 			if err == nil && r == nil {
 				err = fmt.Errorf("%s: not completed", id)
 			}
@@ -146,23 +121,22 @@ func TestFanOutOf300CollectedThroughTheQueueWithTheSweeperOff(t *testing.T) {
 	b := setupWorker(t)
 	metricsURL := startWorker(t, b, 0)
 	for round := range 20 {
-		st := fanOut(fmt.Sprintf("r%02d", round), 300)
+		st := testkit.FanOut(fmt.Sprintf("r%02d", round), 300, 1)
 		if err := b.results.StoreStep(t.Context(), st, time.Now()); err != nil {
 			t.Fatal(err)
 		}
 		reportAll(t, b.results, st)
-		if took, ok := awaitEmpty(t, b.db.DB, 10*time.Second); !ok {
-			t.Fatalf("round %d: not collected after %v: %+v", round, took, countRows(t, b.db.DB))
-		}
+		awaitEmpty(t, b.db.DB, 10*time.Second, fmt.Sprintf("round %d", round))
 	}
 	// the counters move just after the deletes commit: wait for them
 	var fams map[string]*dto.MetricFamily
-	await(t, 10*time.Second, "the worker to count 20 collected steps and their lag", func() bool {
+	testkit.WaitUntil(t, 10*time.Second, "the worker to count 20 collected steps and their lag: {collected, lag count}", func() (bool, any) {
 		var err error
 		if fams, err = scrape.Families(metricsURL); err != nil {
 			t.Fatal(err)
 		}
-		return scrape.Value(fams, "stepcollect_steps_collected_total") >= 20 && scrape.Value(fams, "stepcollect_collection_lag_seconds") >= 20
+		got := [2]float64{scrape.Value(fams, "stepcollect_steps_collected_total"), scrape.Value(fams, "stepcollect_collection_lag_seconds")}
+		return got[0] >= 20 && got[1] >= 20, got
 	})
 	if got := scrape.Value(fams, "stepcollect_steps_collected_total"); got != 20 {
 		t.Errorf("worker collected %v steps, want 20", got)
@@ -185,22 +159,19 @@ func TestRedisKilledDuringCommitsThenTheSweeperCollectsAfterItReturns(t *testing
 
 	b.redis.Kill()
 	for i := range 3 {
-		st := fanOut(fmt.Sprintf("down%d", i), 100)
+		st := testkit.FanOut(fmt.Sprintf("down%d", i), 100, 1)
 		if err := b.results.StoreStep(t.Context(), st, time.Now()); err != nil {
 			t.Fatal(err)
 		}
 		reportAll(t, b.results, st) // no error: a hand-off failure never fails a result
 	}
-	if c := countRows(t, b.db.DB); c != (rowCounts{Steps: 3}) {
+	if c := testkit.CountStepRows(t, b.db.DB); c != (testkit.StepRows{Steps: 3}) {
 		t.Fatalf("with Redis down: %+v, want the 3 unreferenced steps and nothing else", c)
 	}
 
 	b.redis.Restart()
 	// one interval, plus asynq's reconnect and poll, which are about a second each
-	took, ok := awaitEmpty(t, b.db.DB, interval+5*time.Second)
-	if !ok {
-		t.Fatalf("not collected %v after Redis returned: %+v", took, countRows(t, b.db.DB))
-	}
+	took := awaitEmpty(t, b.db.DB, interval+5*time.Second, "after Redis returned")
 	t.Logf("collected %v after Redis returned (sweep interval %v)", took, interval)
 }
 
@@ -216,7 +187,7 @@ func TestTwoReplicasDeleteEachStepOnceAndSweepOncePerInterval(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := range 100 {
-		st := fanOut(fmt.Sprintf("lost%03d", i), 2)
+		st := testkit.FanOut(fmt.Sprintf("lost%03d", i), 2, 1)
 		if err := lost.StoreStep(t.Context(), st, time.Now()); err != nil {
 			t.Fatal(err)
 		}
@@ -227,15 +198,13 @@ func TestTwoReplicasDeleteEachStepOnceAndSweepOncePerInterval(t *testing.T) {
 	urls := []string{startWorker(t, b, interval), startWorker(t, b, interval)}
 	// and 20 more through the queue while both run
 	for i := range 20 {
-		st := fanOut(fmt.Sprintf("live%02d", i), 20)
+		st := testkit.FanOut(fmt.Sprintf("live%02d", i), 20, 1)
 		if err := b.results.StoreStep(t.Context(), st, time.Now()); err != nil {
 			t.Fatal(err)
 		}
 		reportAll(t, b.results, st)
 	}
-	if took, ok := awaitEmpty(t, b.db.DB, 10*time.Second); !ok {
-		t.Fatalf("not collected after %v: %+v", took, countRows(t, b.db.DB))
-	}
+	awaitEmpty(t, b.db.DB, 10*time.Second, "120 steps with two replicas")
 	var collected, sweeps float64
 	read := func() {
 		collected, sweeps = 0, 0
@@ -251,7 +220,10 @@ func TestTwoReplicasDeleteEachStepOnceAndSweepOncePerInterval(t *testing.T) {
 	// let three more slots pass with both replicas up: three more sweeps
 	read()
 	before := sweeps
-	await(t, 10*interval, "three more sweeps with both replicas up", func() bool { read(); return sweeps >= before+3 })
+	testkit.WaitUntil(t, 10*interval, fmt.Sprintf("three more sweeps than %v with both replicas up", before), func() (bool, any) {
+		read()
+		return sweeps >= before+3, sweeps
+	})
 	if collected != 120 {
 		t.Errorf("steps deleted across replicas: %v, want each of the 120 exactly once", collected)
 	}
