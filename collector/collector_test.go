@@ -2,14 +2,12 @@ package collector_test
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/hibiken/asynq"
-	nanostorage "github.com/micromdm/nanocmd/engine/storage"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/rs/zerolog"
@@ -36,12 +34,8 @@ func (dropCollector) CollectSteps(context.Context, []storage.UnreferencedStep) e
 func setup(t *testing.T) *bundle {
 	t.Helper()
 	db := testkit.NewDB(t, nil)
-	if err := stepmysql.Migrate(t.Context(), db.DB); err != nil {
-		t.Fatal(err)
-	}
 	m := metrics.NewStorage(prometheus.NewRegistry())
-	s, err := stepmysql.New(stepmysql.WithDB(db.DB), stepmysql.WithCollector(dropCollector{}),
-		stepmysql.WithObserver(m), stepmysql.WithIsolation(sql.LevelReadCommitted))
+	s, err := stepmysql.New(stepmysql.WithDB(db.DB), stepmysql.WithCollector(dropCollector{}), stepmysql.WithObserver(m))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,21 +45,13 @@ func setup(t *testing.T) *bundle {
 // storeStep stores a two-enrollment step and answers it for `answered` of them.
 func (b *bundle) storeStep(t *testing.T, name string, answered int) int64 {
 	t.Helper()
-	st := &nanostorage.StepEnqueuingWithConfig{}
-	st.WorkflowName, st.InstanceID = "io.stepcollect.test", name
-	st.IDs = []string{name + "-A", name + "-B"}
-	st.Commands = []nanostorage.StepCommandRaw{{CommandUUID: name + "-U", RequestType: "DeviceInformation", Command: []byte("c")}}
+	st := testkit.FanOut(name, 2, 1)
 	st.NotUntil = time.Now().Add(time.Hour) // with raw commands, which must go too
 	id, err := b.store.StoreStepID(t.Context(), st, time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, e := range st.IDs[:answered] {
-		if _, err := b.store.StoreCommandResponseAndRetrieveCompletedStep(t.Context(), e, &nanostorage.StepCommandResult{
-			CommandUUID: name + "-U", Completed: true, ResultReport: []byte("r")}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	testkit.Complete(t, b.store, st, st.IDs[:answered]...)
 	return id
 }
 

@@ -2,16 +2,10 @@ package delivery_test
 
 import (
 	"context"
-	"encoding/json"
-	"fmt"
 	"net/http"
-	"net/http/httptest"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	nanostorage "github.com/micromdm/nanocmd/engine/storage"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
@@ -21,71 +15,19 @@ import (
 	stepmysql "github.com/stepcollect/stepcollect/storage/mysql"
 )
 
-// receiver counts the events it got, by event id.
-type receiver struct {
-	mu     sync.Mutex
-	got    map[string]int
-	posts  atomic.Int64
-	status atomic.Int32 // answer; 0 means 200
-}
-
-func newReceiver(t *testing.T) (*receiver, *httptest.Server) {
-	r := &receiver{got: map[string]int{}}
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		r.posts.Add(1)
-		if s := r.status.Load(); s != 0 {
-			w.WriteHeader(int(s))
-			return
-		}
-		var ev struct {
-			EventID string `json:"event_id"`
-		}
-		if err := json.NewDecoder(req.Body).Decode(&ev); err != nil || ev.EventID != req.Header.Get(delivery.EventIDHeader) {
-			http.Error(w, "bad event", 400)
-			return
-		}
-		r.mu.Lock()
-		r.got[ev.EventID]++
-		r.mu.Unlock()
-	}))
-	t.Cleanup(srv.Close)
-	return r, srv
-}
-
-func (r *receiver) distinct() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return len(r.got)
-}
-
 // completions writes n step.completed events to the outbox, the way the
 // api does: n enrollments each completing its step.
 func completions(t *testing.T, store *stepmysql.Storage, prefix string, n int) {
 	t.Helper()
-	ctx := t.Context()
-	step := &nanostorage.StepEnqueuingWithConfig{}
-	step.WorkflowName, step.InstanceID = "io.stepcollect.test."+prefix, prefix
-	step.Commands = []nanostorage.StepCommandRaw{{CommandUUID: prefix + "-U", RequestType: "DeviceInformation"}}
-	for i := range n {
-		step.IDs = append(step.IDs, fmt.Sprintf("%s-%05d", prefix, i))
-	}
-	if err := store.StoreStep(ctx, step, time.Now()); err != nil {
+	step := testkit.FanOut(prefix, n, 1)
+	if err := store.StoreStep(t.Context(), step, time.Now()); err != nil {
 		t.Fatal(err)
 	}
-	for _, id := range step.IDs {
-		_, err := store.StoreCommandResponseAndRetrieveCompletedStep(ctx, id, &nanostorage.StepCommandResult{
-			CommandUUID: prefix + "-U", Completed: true, ResultReport: []byte("<plist/>")})
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	testkit.Complete(t, store, step, step.IDs...)
 }
 
 func outboxStore(t *testing.T) (*testkit.DB, *stepmysql.Storage) {
 	db := testkit.NewDB(t, nil)
-	if err := stepmysql.Migrate(t.Context(), db.DB); err != nil {
-		t.Fatal(err)
-	}
 	s, err := stepmysql.New(stepmysql.WithDB(db.DB), stepmysql.WithOutbox())
 	if err != nil {
 		t.Fatal(err)
@@ -93,24 +35,22 @@ func outboxStore(t *testing.T) (*testkit.DB, *stepmysql.Storage) {
 	return db, s
 }
 
-func outboxCount(t *testing.T, db *testkit.DB) int {
+// awaitDelivered waits until rcv has n distinct events.
+func awaitDelivered(t *testing.T, rcv *testkit.Receiver, n int, what string) {
 	t.Helper()
-	var n int
-	if err := db.QueryRow(`SELECT COUNT(*) FROM stepcollect_outbox`).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	return n
+	testkit.WaitUntil(t, 15*time.Second, what+" (distinct delivered)", func() (bool, any) {
+		got := rcv.Distinct()
+		return got == n, got
+	})
 }
 
-func waitUntil(t *testing.T, within time.Duration, what string, cond func() bool) {
+// awaitOutboxEmpty waits until every event is acknowledged.
+func awaitOutboxEmpty(t *testing.T, db *testkit.DB) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %v: %s", within, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testkit.WaitUntil(t, 15*time.Second, "the outbox emptied (rows)", func() (bool, any) {
+		n := testkit.OutboxRows(t, db.DB)
+		return n == 0, n
+	})
 }
 
 func runDispatcher(t *testing.T, cfg delivery.DispatchConfig, url string, store delivery.DispatchStore) context.CancelFunc {
@@ -126,27 +66,24 @@ func runDispatcher(t *testing.T, cfg delivery.DispatchConfig, url string, store 
 // none twice, and the outbox is empty afterwards.
 func TestDispatchersDeliverEveryEventOnceBetweenThem(t *testing.T) {
 	db, store := outboxStore(t)
-	rcv, srv := newReceiver(t)
+	rcv := testkit.NewReceiver(t, testkit.ReceiverOptions{CompletionsOnly: true})
 	completions(t, store, "disp", 600)
 	for range 3 {
-		runDispatcher(t, delivery.DispatchConfig{Batch: 16}, srv.URL, store)
+		runDispatcher(t, delivery.DispatchConfig{Batch: 16}, rcv.URL, store)
 	}
-	waitUntil(t, 15*time.Second, "600 events delivered", func() bool { return rcv.distinct() == 600 })
-	waitUntil(t, 15*time.Second, "the outbox emptied", func() bool { return outboxCount(t, db) == 0 })
-	rcv.mu.Lock()
-	defer rcv.mu.Unlock()
-	for id, n := range rcv.got {
-		if n != 1 {
-			t.Errorf("event %s delivered %d times with healthy workers", id, n)
-		}
+	awaitDelivered(t, rcv, 600, "600 events delivered")
+	awaitOutboxEmpty(t, db)
+	for id, n := range rcv.Redelivered() {
+		t.Errorf("event %s delivered %d times with healthy workers", id, n)
 	}
+	rcv.Check(t)
 }
 
 // A worker that claimed events and died never acknowledges them: another
 // worker delivers them once the lease lapses, under the same event ids.
 func TestEventsADeadWorkerHeldAreDeliveredWhenItsLeaseLapses(t *testing.T) {
 	db, store := outboxStore(t)
-	rcv, srv := newReceiver(t)
+	rcv := testkit.NewReceiver(t, testkit.ReceiverOptions{CompletionsOnly: true})
 	completions(t, store, "dead", 20)
 	// the dead worker: claims everything with a 1 s lease, then nothing
 	held, err := store.ClaimDueEvents(t.Context(), 100, time.Second)
@@ -154,38 +91,41 @@ func TestEventsADeadWorkerHeldAreDeliveredWhenItsLeaseLapses(t *testing.T) {
 		t.Fatalf("claimed %d, %v; want 20", len(held), err)
 	}
 	claimedAt := time.Now()
-	runDispatcher(t, delivery.DispatchConfig{}, srv.URL, store)
-	waitUntil(t, 15*time.Second, "the dead worker's 20 events delivered", func() bool { return rcv.distinct() == 20 })
+	runDispatcher(t, delivery.DispatchConfig{}, rcv.URL, store)
+	awaitDelivered(t, rcv, 20, "the dead worker's 20 events delivered")
 	if took := time.Since(claimedAt); took < time.Second {
 		t.Errorf("delivered %v after the claim, before its 1 s lease ran out", took)
 	}
-	rcv.mu.Lock()
 	for _, ev := range held {
-		if rcv.got[ev.EventID] != 1 {
-			t.Errorf("event %s delivered %d times", ev.EventID, rcv.got[ev.EventID])
+		if n := rcv.Times(ev.EventID); n != 1 {
+			t.Errorf("event %s delivered %d times", ev.EventID, n)
 		}
 	}
-	rcv.mu.Unlock()
-	waitUntil(t, 15*time.Second, "the outbox emptied", func() bool { return outboxCount(t, db) == 0 })
+	awaitOutboxEmpty(t, db)
+	rcv.Check(t)
 }
 
 // A receiver that fails keeps the events (backing off, at most MaxBackoff
 // apart); once it answers again they are delivered within seconds.
 func TestAReceiverThatComesBackIsServedWithinTheBackoffCap(t *testing.T) {
 	db, store := outboxStore(t)
-	rcv, srv := newReceiver(t)
-	rcv.status.Store(http.StatusServiceUnavailable)
+	rcv := testkit.NewReceiver(t, testkit.ReceiverOptions{CompletionsOnly: true})
+	rcv.Refuse(http.StatusServiceUnavailable)
 	completions(t, store, "down", 10)
-	runDispatcher(t, delivery.DispatchConfig{MaxBackoff: time.Second}, srv.URL, store)
-	waitUntil(t, 15*time.Second, "failed tries", func() bool { return rcv.posts.Load() >= 20 })
-	if n := outboxCount(t, db); n != 10 {
+	runDispatcher(t, delivery.DispatchConfig{MaxBackoff: time.Second}, rcv.URL, store)
+	testkit.WaitUntil(t, 15*time.Second, "20 failed tries (refused so far)", func() (bool, any) {
+		n := rcv.Stats().Refused
+		return n >= 20, n
+	})
+	if n := testkit.OutboxRows(t, db.DB); n != 10 {
 		t.Fatalf("%d events in the outbox while the receiver fails, want all 10", n)
 	}
 	back := time.Now()
-	rcv.status.Store(0)
-	waitUntil(t, 15*time.Second, "10 events delivered after the receiver came back", func() bool { return rcv.distinct() == 10 })
+	rcv.Refuse(0)
+	awaitDelivered(t, rcv, 10, "10 events delivered after the receiver came back")
 	if took := time.Since(back); took > 3*time.Second {
 		t.Errorf("delivered %v after the receiver came back, want within the 1 s backoff cap (and a poll)", took)
 	}
-	waitUntil(t, 15*time.Second, "the outbox emptied", func() bool { return outboxCount(t, db) == 0 })
+	awaitOutboxEmpty(t, db)
+	rcv.Check(t)
 }
