@@ -7,6 +7,7 @@ import (
 
 	"github.com/stepcollect/stepcollect/httpapi"
 	"github.com/stepcollect/stepcollect/internal/mdmplist/plisttest"
+	"github.com/stepcollect/stepcollect/internal/testkit"
 	"github.com/stepcollect/stepcollect/storage"
 )
 
@@ -20,8 +21,8 @@ import (
 func FuzzDecodeWebhook(f *testing.F) {
 	for _, s := range []string{
 		connectBody("DEV-1", "U-1"),
-		`{"topic":"mdm.Connect","acknowledge_event":{"enrollment_id":"E","raw_payload":"` + base64.StdEncoding.EncodeToString(resultPlist("", "U", "NotNow")) + `"}}`,
-		`{"topic":"mdm.Connect","acknowledge_event":{"udid":"D","raw_payload":"` + base64.StdEncoding.EncodeToString(resultPlist("D", "", "Idle")) + `"}}`,
+		`{"topic":"mdm.Connect","acknowledge_event":{"enrollment_id":"E","raw_payload":"` + base64.StdEncoding.EncodeToString(testkit.ResultPlist("", "U", "NotNow")) + `"}}`,
+		`{"topic":"mdm.Connect","acknowledge_event":{"udid":"D","raw_payload":"` + base64.StdEncoding.EncodeToString(testkit.ResultPlist("D", "", "Idle")) + `"}}`,
 		`{"topic":"mdm.CheckOut","checkin_event":{"udid":"D","raw_payload":"` + base64.StdEncoding.EncodeToString(checkinPlist("D", "CheckOut")) + `"}}`,
 		`{"topic":"mdm.TokenUpdate","checkin_event":{}}`,
 		`{"topic":"mdm.Connect","acknowledge_event":{"udid":"D","raw_payload":"PHBsaXN0"}}`,

@@ -8,6 +8,7 @@ import (
 
 	"github.com/stepcollect/stepcollect/httpapi"
 	"github.com/stepcollect/stepcollect/internal/mdmplist/plisttest"
+	"github.com/stepcollect/stepcollect/internal/testkit"
 	"github.com/stepcollect/stepcollect/storage"
 )
 
@@ -77,7 +78,7 @@ func TestDecodeWebhookReadsBinaryPlists(t *testing.T) {
 // raw_payload is decoded from base64 straight out of the body; what is
 // said of a bad one is what was said when it was first read as a string.
 func TestDecodeWebhookRawPayloadErrors(t *testing.T) {
-	good := base64.StdEncoding.EncodeToString(resultPlist("DEV-1", "U-1", "Acknowledged"))
+	good := base64.StdEncoding.EncodeToString(testkit.ResultPlist("DEV-1", "U-1", "Acknowledged"))
 	ack := func(raw string) string {
 		return `{"topic":"mdm.Connect","acknowledge_event":{"udid":"DEV-1","command_uuid":"U-1","raw_payload":` + raw + `}}`
 	}

@@ -1,12 +1,9 @@
 package httpapi_test
 
 import (
-	"bytes"
 	"context"
 	"database/sql"
-	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -30,10 +27,11 @@ var hmacKey = []byte("test-webhook-hmac-key")
 // bundle is a migrated test database, the real storage on it (with the
 // outbox, as the API runs it), and the handler behind an httptest server.
 type bundle struct {
-	db    *testkit.DB
-	store *stepmysql.Storage
-	m     *metrics.Set
-	srv   *httptest.Server
+	db     *testkit.DB
+	store  *stepmysql.Storage
+	m      *metrics.Set
+	srv    *httptest.Server
+	client *testkit.Client // with the API key
 }
 
 type setupOpts struct {
@@ -54,16 +52,12 @@ func setup(t *testing.T, o *setupOpts) *bundle {
 	if db == nil {
 		db = testkit.NewDB(t, nil)
 	}
-	if err := stepmysql.Migrate(t.Context(), db.DB); err != nil {
-		t.Fatal(err)
-	}
 	storeDB := o.storeDB
 	if storeDB == nil {
 		storeDB = db.DB
 	}
 	m := metrics.New(nil, nil)
-	opts := []stepmysql.Option{stepmysql.WithDB(storeDB), stepmysql.WithOutbox(), stepmysql.WithObserver(m.Storage),
-		stepmysql.WithIsolation(sql.LevelReadCommitted)}
+	opts := []stepmysql.Option{stepmysql.WithDB(storeDB), stepmysql.WithOutbox(), stepmysql.WithObserver(m.Storage)}
 	if o.collector != nil {
 		opts = append(opts, stepmysql.WithCollector(o.collector))
 	}
@@ -86,7 +80,7 @@ func setup(t *testing.T, o *setupOpts) *bundle {
 	})
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
-	return &bundle{db: db, store: store, m: m, srv: srv}
+	return &bundle{db: db, store: store, m: m, srv: srv, client: testkit.NewClient(srv.URL, apiKey)}
 }
 
 // sender is NanoMDM's own webhook client, pointed at the handler.
@@ -104,23 +98,11 @@ func mdmRequest(id string) *mdm.Request {
 	return r
 }
 
-// resultPlist is a device's command result, as it reaches NanoMDM.
-func resultPlist(udid, uuid, status string) []byte {
-	return []byte(fmt.Sprintf(`<?xml version="1.0" encoding="UTF-8"?>
-<!DOCTYPE plist PUBLIC "-//Apple//DTD PLIST 1.0//EN" "http://www.apple.com/DTDs/PropertyList-1.0.dtd">
-<plist version="1.0"><dict>
-<key>CommandUUID</key><string>%s</string>
-<key>Status</key><string>%s</string>
-<key>UDID</key><string>%s</string>
-<key>QueryResponses</key><dict><key>DeviceName</key><string>%s's Mac</string></dict>
-</dict></plist>`, uuid, status, udid, udid))
-}
-
 // sendResult reports one command result through NanoMDM's sender; an error
 // means the handler did not answer 200.
 func sendResult(w *webhook.Webhook, id, uuid, status string) error {
 	_, err := w.CommandAndReportResults(mdmRequest(id), &mdm.CommandResults{
-		Enrollment: mdm.Enrollment{UDID: id}, CommandUUID: uuid, Status: status, Raw: resultPlist(id, uuid, status),
+		Enrollment: mdm.Enrollment{UDID: id}, CommandUUID: uuid, Status: status, Raw: testkit.ResultPlist(id, uuid, status),
 	})
 	return err
 }
@@ -130,37 +112,6 @@ func checkinPlist(udid, messageType string) []byte {
 <plist version="1.0"><dict><key>MessageType</key><string>%s</string><key>UDID</key><string>%s</string><key>Topic</key><string>com.apple.mgmt.test</string></dict></plist>`, messageType, udid))
 }
 
-// call makes one /v1 request with the API key and returns the status and
-// the decoded JSON body (nil when empty).
-func (b *bundle) call(t *testing.T, method, path string, body any) (int, map[string]any) {
-	t.Helper()
-	var rd io.Reader
-	switch v := body.(type) {
-	case nil:
-	case string:
-		rd = strings.NewReader(v)
-	default:
-		j, _ := json.Marshal(v)
-		rd = bytes.NewReader(j)
-	}
-	req, _ := http.NewRequest(method, b.srv.URL+path, rd)
-	req.Header.Set("Authorization", "Bearer "+apiKey)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	raw, _ := io.ReadAll(resp.Body)
-	if len(bytes.TrimSpace(raw)) == 0 {
-		return resp.StatusCode, nil
-	}
-	var out map[string]any
-	if err := json.Unmarshal(raw, &out); err != nil {
-		t.Fatalf("%s %s: answer %d is not JSON: %q", method, path, resp.StatusCode, raw)
-	}
-	return resp.StatusCode, out
-}
-
 // enqueue stores a step through POST /v1/steps and returns its id.
 func (b *bundle) enqueue(t *testing.T, wf string, ids []string, uuids ...string) int64 {
 	t.Helper()
@@ -168,7 +119,7 @@ func (b *bundle) enqueue(t *testing.T, wf string, ids []string, uuids ...string)
 	for _, u := range uuids {
 		cmds = append(cmds, map[string]string{"command_uuid": u, "request_type": "DeviceInformation", "command": "PHBsaXN0Lz4="})
 	}
-	status, body := b.call(t, "POST", "/v1/steps", map[string]any{
+	status, body := b.client.V1(t, "POST", "/v1/steps", map[string]any{
 		"workflow_name": wf, "instance_id": wf + "-1", "step_name": "query", "context": "Y3R4", "ids": ids, "commands": cmds,
 	})
 	if status != http.StatusCreated {
@@ -195,13 +146,4 @@ func snapshot(t *testing.T, db *sql.DB) string {
 		out = append(out, fmt.Sprintf("%s=%d", name, sum.Int64))
 	}
 	return strings.Join(out, " ")
-}
-
-func count(t *testing.T, db *sql.DB, query string, args ...any) int {
-	t.Helper()
-	var n int
-	if err := db.QueryRow(query, args...).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	return n
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/stepcollect/stepcollect/httpapi"
+	"github.com/stepcollect/stepcollect/internal/testkit"
 	"github.com/stepcollect/stepcollect/metrics"
 	"github.com/stepcollect/stepcollect/storage"
 )
@@ -62,26 +63,26 @@ func TestV1RequiresTheAPIKey(t *testing.T) {
 func TestV1StepsLifecycle(t *testing.T) {
 	b := setup(t, nil)
 	id := b.enqueue(t, "io.example.lifecycle", []string{"D1", "D2"}, "L-1")
-	status, st := b.call(t, "GET", "/v1/steps/"+itoa(id), nil)
+	status, st := b.client.V1(t, "GET", "/v1/steps/"+itoa(id), nil)
 	if status != 200 || st["outstanding_ids"].(float64) != 2 || st["workflow_name"] != "io.example.lifecycle" || st["step_name"] != "query" || st["created_at"] == "" {
 		t.Fatalf("status: %d %v", status, st)
 	}
-	if status, _ := b.call(t, "DELETE", "/v1/enrollments/D1/steps?workflow_name=other.workflow", nil); status != 204 {
+	if status, _ := b.client.V1(t, "DELETE", "/v1/enrollments/D1/steps?workflow_name=other.workflow", nil); status != 204 {
 		t.Fatalf("cancel of another workflow: %d", status)
 	}
-	if _, st := b.call(t, "GET", "/v1/steps/"+itoa(id), nil); st["outstanding_ids"].(float64) != 2 {
+	if _, st := b.client.V1(t, "GET", "/v1/steps/"+itoa(id), nil); st["outstanding_ids"].(float64) != 2 {
 		t.Errorf("cancelling another workflow touched this one: %v", st)
 	}
-	if status, _ := b.call(t, "DELETE", "/v1/enrollments/D1/steps?workflow_name=io.example.lifecycle", nil); status != 204 {
+	if status, _ := b.client.V1(t, "DELETE", "/v1/enrollments/D1/steps?workflow_name=io.example.lifecycle", nil); status != 204 {
 		t.Fatalf("cancel: %d", status)
 	}
-	if _, st := b.call(t, "GET", "/v1/steps/"+itoa(id), nil); st["outstanding_ids"].(float64) != 1 {
+	if _, st := b.client.V1(t, "GET", "/v1/steps/"+itoa(id), nil); st["outstanding_ids"].(float64) != 1 {
 		t.Errorf("after cancelling D1: %v", st)
 	}
 	if err := sendResult(b.sender(nil), "D2", "L-1", "Acknowledged"); err != nil {
 		t.Fatal(err)
 	}
-	status, body := b.call(t, "GET", "/v1/steps/"+itoa(id), nil)
+	status, body := b.client.V1(t, "GET", "/v1/steps/"+itoa(id), nil)
 	if status != 404 || !strings.Contains(body["error"].(string), "no such step") {
 		t.Errorf("after the last result: %d %v, want 404", status, body)
 	}
@@ -124,7 +125,7 @@ func TestV1EnqueueRejectsBadStepsNamingTheFieldAndWritesNothing(t *testing.T) {
 		}), 409, `enrollment "HELD-2" already holds command "HELD-UUID"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			status, body := b.call(t, "POST", "/v1/steps", tc.body)
+			status, body := b.client.V1(t, "POST", "/v1/steps", tc.body)
 			msg, _ := body["error"].(string)
 			if status != tc.want || !strings.Contains(msg, tc.msg) || strings.Contains(msg, "\n") {
 				t.Errorf("%d %q, want %d containing %q", status, msg, tc.want, tc.msg)
@@ -138,7 +139,7 @@ func TestV1EnqueueRejectsBadStepsNamingTheFieldAndWritesNothing(t *testing.T) {
 
 func TestV1StepWithNotUntilAndTimeoutIsStored(t *testing.T) {
 	b := setup(t, nil)
-	status, body := b.call(t, "POST", "/v1/steps", map[string]any{
+	status, body := b.client.V1(t, "POST", "/v1/steps", map[string]any{
 		"workflow_name": "wf", "instance_id": "i", "ids": []string{"A"},
 		"commands":  []map[string]string{{"command_uuid": "U-1", "request_type": "DeviceInformation", "command": "PHBsaXN0Lz4="}},
 		"not_until": time.Now().Add(time.Hour).UTC().Format(time.RFC3339), "timeout": time.Now().Add(48 * time.Hour).UTC().Format(time.RFC3339),
@@ -146,10 +147,10 @@ func TestV1StepWithNotUntilAndTimeoutIsStored(t *testing.T) {
 	if status != 201 {
 		t.Fatalf("%d %v", status, body)
 	}
-	if n := count(t, b.db.DB, `SELECT COUNT(*) FROM step_commands WHERE command = '<plist/>'`); n != 1 {
+	if n := testkit.Count(t, b.db.DB, `SELECT COUNT(*) FROM step_commands WHERE command = '<plist/>'`); n != 1 {
 		t.Errorf("raw command not kept for the not_until step")
 	}
-	if n := count(t, b.db.DB, `SELECT COUNT(*) FROM steps WHERE not_until IS NOT NULL AND timeout IS NOT NULL`); n != 1 {
+	if n := testkit.Count(t, b.db.DB, `SELECT COUNT(*) FROM steps WHERE not_until IS NOT NULL AND timeout IS NOT NULL`); n != 1 {
 		t.Errorf("not_until/timeout not stored")
 	}
 }
@@ -221,7 +222,7 @@ func TestV1StepsOverTheDefaultLimitsIs413AndWritesNothing(t *testing.T) {
 	b := setup(t, nil)
 	before := snapshot(t, b.db.DB)
 	start := time.Now()
-	status, body := b.call(t, "POST", "/v1/steps", stepJSON(40_000, 2_000))
+	status, body := b.client.V1(t, "POST", "/v1/steps", stepJSON(40_000, 2_000))
 	msg, _ := body["error"].(string)
 	want := "ids x commands: 80000000 rows, more than the 1000000 allowed (-max-step-rows)"
 	if status != http.StatusRequestEntityTooLarge || msg != want {

@@ -39,7 +39,7 @@ func TestNanoMDMResultsCompleteAStepAndWriteOneEventEach(t *testing.T) {
 		}
 		// Idle carries no command: ignored
 		if _, err := w.CommandAndReportResults(mdmRequest(id), &mdm.CommandResults{
-			Enrollment: mdm.Enrollment{UDID: id}, Status: "Idle", Raw: resultPlist(id, "", "Idle")}); err != nil {
+			Enrollment: mdm.Enrollment{UDID: id}, Status: "Idle", Raw: testkit.ResultPlist(id, "", "Idle")}); err != nil {
 			t.Fatal(err)
 		}
 		// a command no workflow sent: ignored
@@ -55,7 +55,7 @@ func TestNanoMDMResultsCompleteAStepAndWriteOneEventEach(t *testing.T) {
 		}
 	}
 
-	if n := count(t, b.db.DB, `SELECT COUNT(*) FROM steps WHERE id = ?`, stepID); n != 0 {
+	if n := testkit.Count(t, b.db.DB, `SELECT COUNT(*) FROM steps WHERE id = ?`, stepID); n != 0 {
 		t.Errorf("step %d not collected", stepID)
 	}
 	rows, err := b.db.Query(`SELECT enrollment_id, payload FROM stepcollect_outbox WHERE event_type = 'step.completed' ORDER BY enrollment_id`)
@@ -102,16 +102,16 @@ func TestCheckOutAndAuthenticateCancelTheEnrollmentsSteps(t *testing.T) {
 	if err := w.CheckOut(mdmRequest("DEV-1"), &mdm.CheckOut{Enrollment: mdm.Enrollment{UDID: "DEV-1"}, Raw: checkinPlist("DEV-1", "CheckOut")}); err != nil {
 		t.Fatal(err)
 	}
-	if n := count(t, b.db.DB, `SELECT COUNT(*) FROM id_commands WHERE enrollment_id = 'DEV-1'`); n != 0 {
+	if n := testkit.Count(t, b.db.DB, `SELECT COUNT(*) FROM id_commands WHERE enrollment_id = 'DEV-1'`); n != 0 {
 		t.Errorf("CheckOut left %d rows of DEV-1", n)
 	}
 	if err := w.Authenticate(mdmRequest("DEV-2"), &mdm.Authenticate{Enrollment: mdm.Enrollment{UDID: "DEV-2"}, Raw: checkinPlist("DEV-2", "Authenticate")}); err != nil {
 		t.Fatal(err)
 	}
-	if n := count(t, b.db.DB, `SELECT COUNT(*) FROM id_commands`); n != 0 {
+	if n := testkit.Count(t, b.db.DB, `SELECT COUNT(*) FROM id_commands`); n != 0 {
 		t.Errorf("Authenticate left %d rows", n)
 	}
-	if n := count(t, b.db.DB, `SELECT COUNT(*) FROM steps`); n != 0 {
+	if n := testkit.Count(t, b.db.DB, `SELECT COUNT(*) FROM steps`); n != 0 {
 		t.Errorf("%d cancelled steps not collected", n)
 	}
 }
@@ -122,7 +122,7 @@ func TestBadWebhookInputsAreRejectedAndWriteNothing(t *testing.T) {
 	b := setup(t, &setupOpts{maxBody: 64 << 10})
 	b.enqueue(t, "wf", []string{"DEV-1"}, "U-1")
 	before := snapshot(t, b.db.DB)
-	good := base64.StdEncoding.EncodeToString(resultPlist("DEV-1", "U-1", "Acknowledged"))
+	good := base64.StdEncoding.EncodeToString(testkit.ResultPlist("DEV-1", "U-1", "Acknowledged"))
 	noStatus := base64.StdEncoding.EncodeToString([]byte(`<plist version="1.0"><dict><key>CommandUUID</key><string>U-1</string></dict></plist>`))
 	ack := func(fields string) string {
 		return `{"topic":"mdm.Connect","created_at":"2026-11-29T00:00:00Z","acknowledge_event":{` + fields + `}}`
@@ -178,7 +178,7 @@ func TestWebhookWithoutTheRightHMACIsRejected(t *testing.T) {
 		CommandAndReportResults(*mdm.Request, *mdm.CommandResults) (*mdm.Command, error)
 	}{"unsigned": b.sender(nil), "wrong key": b.sender([]byte("not the key"))} {
 		_, err := w.CommandAndReportResults(mdmRequest("DEV-1"), &mdm.CommandResults{
-			Enrollment: mdm.Enrollment{UDID: "DEV-1"}, CommandUUID: "U-1", Status: "Acknowledged", Raw: resultPlist("DEV-1", "U-1", "Acknowledged")})
+			Enrollment: mdm.Enrollment{UDID: "DEV-1"}, CommandUUID: "U-1", Status: "Acknowledged", Raw: testkit.ResultPlist("DEV-1", "U-1", "Acknowledged")})
 		if err == nil || !strings.Contains(err.Error(), "401") {
 			t.Errorf("%s: %v, want 401", name, err)
 		}
@@ -208,13 +208,13 @@ func TestWebhookAnswers200AndCommitsWithRedisDown(t *testing.T) {
 			t.Fatalf("%s with Redis down: %v", id, err)
 		}
 	}
-	if n := count(t, b.db.DB, `SELECT COUNT(*) FROM id_commands`); n != 0 {
+	if n := testkit.Count(t, b.db.DB, `SELECT COUNT(*) FROM id_commands`); n != 0 {
 		t.Errorf("%d results not committed", n)
 	}
-	if n := count(t, b.db.DB, `SELECT COUNT(*) FROM stepcollect_outbox`); n != 2 {
+	if n := testkit.Count(t, b.db.DB, `SELECT COUNT(*) FROM stepcollect_outbox`); n != 2 {
 		t.Errorf("%d events, want 2", n)
 	}
-	if n := count(t, b.db.DB, `SELECT COUNT(*) FROM steps WHERE id = ?`, stepID); n != 1 {
+	if n := testkit.Count(t, b.db.DB, `SELECT COUNT(*) FROM steps WHERE id = ?`, stepID); n != 1 {
 		t.Errorf("the step should wait for the sweeper, found %d", n)
 	}
 	if failed == 0 {
@@ -271,7 +271,7 @@ func TestWebhookAnswers503WhenMySQLIsUnreachableAndNothingIsHalfWritten(t *testi
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	if n := count(t, b.db.DB, `SELECT COUNT(*) FROM stepcollect_outbox WHERE enrollment_id = 'DEV-1'`); n != 1 {
+	if n := testkit.Count(t, b.db.DB, `SELECT COUNT(*) FROM stepcollect_outbox WHERE enrollment_id = 'DEV-1'`); n != 1 {
 		t.Errorf("%d events for DEV-1, want 1", n)
 	}
 	if got := testutil.ToFloat64(b.m.API.Results.WithLabelValues("error")); got < 1 {
@@ -280,6 +280,6 @@ func TestWebhookAnswers503WhenMySQLIsUnreachableAndNothingIsHalfWritten(t *testi
 }
 
 func connectBody(id, uuid string) string {
-	raw := base64.StdEncoding.EncodeToString(resultPlist(id, uuid, "Acknowledged"))
+	raw := base64.StdEncoding.EncodeToString(testkit.ResultPlist(id, uuid, "Acknowledged"))
 	return fmt.Sprintf(`{"topic":"mdm.Connect","event_id":"e","created_at":"2026-11-29T00:00:00Z","acknowledge_event":{"udid":%q,"status":"Acknowledged","command_uuid":%q,"raw_payload":%q}}`, id, uuid, raw)
 }
