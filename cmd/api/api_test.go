@@ -7,7 +7,6 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/stepcollect/stepcollect/internal/scrape"
 	"github.com/stepcollect/stepcollect/internal/testkit"
@@ -22,9 +21,7 @@ func TestMain(m *testing.M) {
 func TestAPIStopsCleanlyOnSIGTERM(t *testing.T) {
 	db := testkit.NewDB(t, nil)
 	rs := testkit.StartRedis(t)
-	addr := testkit.FreeAddr(t)
-	p := testkit.StartProc(t, apiBin, []string{"STEPCOLLECT_MYSQL_DSN=" + db.DSN, "STEPCOLLECT_REDIS_URL=" + rs.URL}, "-listen", addr)
-	testkit.AwaitHTTP(t, p, "http://"+addr+"/healthz", 20*time.Second)
+	p, _ := testkit.StartService(t, apiBin, testkit.ServiceEnv(db.DSN, rs.URL), "listen")
 	if err := p.Stop(); err != nil {
 		t.Fatalf("api exited with %v on SIGTERM:\n%s", err, p.Logs())
 	}
@@ -36,11 +33,9 @@ func TestAPIStopsCleanlyOnSIGTERM(t *testing.T) {
 func TestAPIStaysReadyWhileRedisIsDownAndSaysSo(t *testing.T) {
 	db := testkit.NewDB(t, nil)
 	rs := testkit.StartRedis(t)
-	addr := testkit.FreeAddr(t)
-	p := testkit.StartProc(t, apiBin, []string{"STEPCOLLECT_MYSQL_DSN=" + db.DSN, "STEPCOLLECT_REDIS_URL=" + rs.URL}, "-listen", addr)
-	testkit.AwaitHTTP(t, p, "http://"+addr+"/readyz", 20*time.Second)
+	p, url := testkit.StartService(t, apiBin, testkit.ServiceEnv(db.DSN, rs.URL), "listen")
 	rs.Kill()
-	resp, err := http.Get("http://" + addr + "/readyz")
+	resp, err := http.Get(url + "/readyz")
 	if err != nil {
 		t.Fatalf("readyz with Redis down: %v (is the api alive?)\n%s", err, p.Logs())
 	}
@@ -52,7 +47,7 @@ func TestAPIStaysReadyWhileRedisIsDownAndSaysSo(t *testing.T) {
 	if s := string(body); resp.StatusCode != http.StatusOK || !strings.Contains(s, "mysql: ok") || !strings.Contains(s, "redis: down") {
 		t.Errorf("readyz with Redis down: %d %q, want 200 with mysql ok and redis down", resp.StatusCode, s)
 	}
-	fams, err := scrape.Families("http://" + addr + "/metrics")
+	fams, err := scrape.Families(url + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,9 +90,7 @@ func TestAPICreatesTheDatabaseWhenItIsMissing(t *testing.T) {
 	t.Cleanup(func() { db.Exec("DROP DATABASE IF EXISTS " + fresh) })
 	dsn := strings.Replace(db.DSN, "/"+db.Name+"?", "/"+fresh+"?", 1)
 	rs := testkit.StartRedis(t)
-	addr := testkit.FreeAddr(t)
-	p := testkit.StartProc(t, apiBin, []string{"STEPCOLLECT_MYSQL_DSN=" + dsn, "STEPCOLLECT_REDIS_URL=" + rs.URL}, "-listen", addr)
-	testkit.AwaitHTTP(t, p, "http://"+addr+"/readyz", 20*time.Second)
+	testkit.StartService(t, apiBin, testkit.ServiceEnv(dsn, rs.URL), "listen")
 	tables := testkit.Count(t, db.DB, `SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = ?`, fresh)
 	if tables < 7 {
 		t.Errorf("%d tables in the created database, want the schema's 7", tables)

@@ -6,7 +6,6 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -33,8 +32,9 @@ type hostileAPI struct {
 	bin  string
 	env  []string
 	args []string
-	addr string
+	url  string
 	p    *testkit.Proc
+	c    *testkit.Client
 }
 
 func startHostileAPI(t *testing.T, bin string, args ...string) *hostileAPI {
@@ -42,25 +42,21 @@ func startHostileAPI(t *testing.T, bin string, args ...string) *hostileAPI {
 	db := testkit.NewDB(t, nil)
 	rs := testkit.StartRedis(t)
 	a := &hostileAPI{t: t, bin: bin, args: args,
-		env: []string{"STEPCOLLECT_MYSQL_DSN=" + db.DSN, "STEPCOLLECT_REDIS_URL=" + rs.URL, "STEPCOLLECT_API_KEY=" + hostileKey,
-			"STEPCOLLECT_WEBHOOK_HMAC_KEY=", "STEPCOLLECT_LOG_LEVEL=warn"}}
+		env: testkit.ServiceEnv(db.DSN, rs.URL, "STEPCOLLECT_API_KEY="+hostileKey, "STEPCOLLECT_WEBHOOK_HMAC_KEY=", "STEPCOLLECT_LOG_LEVEL=warn")}
 	a.start()
 	return a
 }
 
 func (a *hostileAPI) start() {
 	a.t.Helper()
-	a.addr = testkit.FreeAddr(a.t)
-	a.p = testkit.StartProc(a.t, a.bin, a.env, append([]string{"-listen", a.addr}, a.args...)...)
-	testkit.AwaitHTTP(a.t, a.p, a.url("/readyz"), 30*time.Second)
+	a.p, a.url = testkit.StartService(a.t, a.bin, a.env, "listen", a.args...)
+	a.c = testkit.NewClient(a.url, hostileKey).WithTimeout(3 * time.Minute)
 }
-
-func (a *hostileAPI) url(path string) string { return "http://" + a.addr + path }
 
 // alive reports whether /healthz answers 200 within a few seconds.
 func (a *hostileAPI) alive() bool {
 	c := http.Client{Timeout: 5 * time.Second}
-	resp, err := c.Get(a.url("/healthz"))
+	resp, err := c.Get(a.url + "/healthz")
 	if err != nil {
 		return false
 	}
@@ -80,32 +76,14 @@ func (a *hostileAPI) ensureAlive(t *testing.T) {
 }
 
 // post sends body and returns the status and the answer's body.
-func (a *hostileAPI) post(t *testing.T, path string, body []byte) (int, string, error) {
-	t.Helper()
-	req, err := http.NewRequest("POST", a.url(path), bytes.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	if strings.HasPrefix(path, "/v1/") {
-		req.Header.Set("Authorization", "Bearer "+hostileKey)
-	}
-	c := http.Client{Timeout: 3 * time.Minute}
-	resp, err := c.Do(req)
-	if err != nil {
-		return 0, "", err
-	}
-	defer resp.Body.Close()
-	raw, err := io.ReadAll(resp.Body)
-	return resp.StatusCode, strings.TrimSpace(string(raw)), err
+func (a *hostileAPI) post(path string, body []byte) (int, string, error) {
+	status, raw, err := a.c.Post(path, body)
+	return status, strings.TrimSpace(string(raw)), err
 }
 
 // connect is NanoMDM's webhook body for a command result whose raw_payload
 // is raw.
-func connect(uuid string, raw []byte) []byte {
-	return fmt.Appendf(nil, `{"topic":"mdm.Connect","event_id":"e-%s","created_at":"2026-11-29T00:00:00Z","acknowledge_event":{"udid":"HOSTILE-1","status":"Acknowledged","command_uuid":%q,"raw_payload":%q}}`,
-		uuid, uuid, base64.StdEncoding.EncodeToString(raw))
-}
+func connect(uuid string, raw []byte) []byte { return testkit.WebhookBody("HOSTILE-1", uuid, raw) }
 
 // bplist assembles a binary plist: the bplist00 header, the objects in
 // order, an offset table of 1-byte offsets, and the 32-byte trailer (6 pad
@@ -211,7 +189,7 @@ func TestHostileInputsGetA4xxAndTheAPIStaysUp(t *testing.T) {
 				t.Logf("cannot reset the peak (%v): it counts from the start", err)
 			}
 			start := time.Now()
-			status, answer, err := a.post(t, tc.path, tc.body)
+			status, answer, err := a.post(tc.path, tc.body)
 			took := time.Since(start)
 			switch {
 			case err != nil:
@@ -286,7 +264,7 @@ func TestConcurrentLargeResultsStayWithinTheBodyBudget(t *testing.T) {
 		for i := range n {
 			wg.Go(func() {
 				var answer string
-				statuses[i], answer, errs[i] = a.post(t, "/webhook", body)
+				statuses[i], answer, errs[i] = a.post("/webhook", body)
 				if errs[i] == nil && statuses[i] != 200 && statuses[i] != 413 {
 					errs[i] = fmt.Errorf("%d %.200s", statuses[i], answer)
 				}

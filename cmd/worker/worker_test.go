@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
-	nanostorage "github.com/micromdm/nanocmd/engine/storage"
 
 	"github.com/stepcollect/stepcollect/internal/scrape"
 	"github.com/stepcollect/stepcollect/internal/testkit"
@@ -35,19 +34,16 @@ func startWorkerProc(t *testing.T, dsn, redisURL string, sweep time.Duration) *t
 func startWorkerProcAt(t *testing.T, dsn, redisURL string, sweep time.Duration) (*testkit.Proc, string) {
 	t.Helper()
 	addr := testkit.FreeAddr(t)
-	return testkit.StartProc(t, workerBin, []string{
-		"STEPCOLLECT_MYSQL_DSN=" + dsn, "STEPCOLLECT_REDIS_URL=" + redisURL,
-		"STEPCOLLECT_METRICS_LISTEN=" + addr, "STEPCOLLECT_SWEEP_INTERVAL=" + sweep.String(),
-	}, "-concurrency", "4", "-log-level", "warn"), "http://" + addr + "/metrics"
+	return testkit.StartProc(t, workerBin, testkit.ServiceEnv(dsn, redisURL,
+		"STEPCOLLECT_METRICS_LISTEN="+addr, "STEPCOLLECT_SWEEP_INTERVAL="+sweep.String(),
+	), "-concurrency", "4", "-log-level", "warn"), "http://" + addr + "/metrics"
 }
 
+// countSteps is every row of the three step tables.
 func countSteps(t *testing.T, db *sql.DB) int {
 	t.Helper()
-	var n int
-	if err := db.QueryRow(`SELECT (SELECT COUNT(*) FROM steps) + (SELECT COUNT(*) FROM id_commands) + (SELECT COUNT(*) FROM step_commands)`).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	return n
+	c := testkit.CountStepRows(t, db)
+	return c.Steps + c.IDCommands + c.StepCommands
 }
 
 // A worker killed with SIGKILL in the middle of collecting leaves tasks
@@ -57,9 +53,6 @@ func countSteps(t *testing.T, db *sql.DB) int {
 func TestWorkerKilledMidBatchAndRestartedCollectsEverything(t *testing.T) {
 	db := testkit.NewDB(t, nil)
 	ctx := t.Context()
-	if err := stepmysql.Migrate(ctx, db.DB); err != nil {
-		t.Fatal(err)
-	}
 	rs := testkit.StartRedis(t)
 	redisOpt, _ := asynq.ParseRedisURI(rs.URL)
 	enq := tasks.NewEnqueuer(redisOpt)
@@ -70,16 +63,12 @@ func TestWorkerKilledMidBatchAndRestartedCollectsEverything(t *testing.T) {
 	}
 
 	const steps = 1500
-	var ids []string
-	for i := range steps {
-		st := &nanostorage.StepEnqueuingWithConfig{}
-		st.WorkflowName, st.InstanceID = "io.stepcollect.kill", fmt.Sprint(i)
-		st.IDs = []string{fmt.Sprintf("KILL-%05d", i)}
-		st.Commands = []nanostorage.StepCommandRaw{{CommandUUID: fmt.Sprintf("KILL-UUID-%05d", i), RequestType: "DeviceInformation"}}
+	each := testkit.StepEach("KILL", steps)
+	for _, st := range each {
+		st.Commands[0].Command = nil // no raw command: a step is one row once its result is in
 		if err := results.StoreStep(ctx, st, time.Now()); err != nil {
 			t.Fatal(err)
 		}
-		ids = append(ids, st.IDs[0])
 	}
 	const sweep = 2 * time.Second
 	w := startWorkerProc(t, db.DSN, rs.URL, sweep)
@@ -87,14 +76,14 @@ func TestWorkerKilledMidBatchAndRestartedCollectsEverything(t *testing.T) {
 	// every result at once: 1500 collect tasks for the worker
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, 32)
-	for i, id := range ids {
+	for _, st := range each {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			r, err := results.StoreCommandResponseAndRetrieveCompletedStep(ctx, id, &nanostorage.StepCommandResult{
-				CommandUUID: fmt.Sprintf("KILL-UUID-%05d", i), Completed: true, ResultReport: []byte("<plist/>")})
+			id := st.IDs[0]
+			r, err := results.StoreCommandResponseAndRetrieveCompletedStep(ctx, id, testkit.CommandResult(st.Commands[0].CommandUUID))
 			if err != nil || r == nil {
 				t.Errorf("%s: %v, %v", id, r, err)
 			}
@@ -103,16 +92,13 @@ func TestWorkerKilledMidBatchAndRestartedCollectsEverything(t *testing.T) {
 	wg.Wait()
 
 	// kill it once it is visibly part-way through
-	deadline := time.Now().Add(30 * time.Second)
-	for left := countSteps(t, db.DB); left == steps || left == 0; left = countSteps(t, db.DB) {
+	testkit.WaitUntil(t, 30*time.Second, fmt.Sprintf("the worker part-way through the %d steps (step rows left)", steps), func() (bool, any) {
+		left := countSteps(t, db.DB)
 		if left == 0 {
 			t.Fatal("the worker collected everything before it could be killed; raise steps")
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the worker collected nothing in 30s:\n%s", w.Logs())
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return left != steps, left
+	})
 	w.Kill()
 	left := countSteps(t, db.DB)
 	insp := asynq.NewInspector(redisOpt)
@@ -121,17 +107,14 @@ func TestWorkerKilledMidBatchAndRestartedCollectsEverything(t *testing.T) {
 	pending, _ := insp.ListPendingTasks(tasks.QueueCollect, asynq.PageSize(10000))
 	t.Logf("killed with %d steps left, %d tasks orphaned active, %d pending", left, len(active), len(pending))
 
-	restarted := time.Now()
 	startWorkerProc(t, db.DSN, rs.URL, sweep)
-	for countSteps(t, db.DB) > 0 {
-		// the lease-based recovery alone would take over a minute; the
-		// sweeper must do it within a few intervals
-		if time.Since(restarted) > 10*sweep {
-			t.Fatalf("%d steps still uncollected %v after restart", countSteps(t, db.DB), time.Since(restarted))
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Logf("everything collected %v after the restart", time.Since(restarted).Round(time.Millisecond))
+	// the lease-based recovery alone would take over a minute; the sweeper
+	// must do it within a few intervals
+	took := testkit.WaitUntil(t, 10*sweep, "every step collected after the restart (step rows left)", func() (bool, any) {
+		left := countSteps(t, db.DB)
+		return left == 0, left
+	})
+	t.Logf("everything collected %v after the restart", took.Round(time.Millisecond))
 }
 
 func TestWorkerStopsCleanlyOnSIGTERM(t *testing.T) {
@@ -140,17 +123,14 @@ func TestWorkerStopsCleanlyOnSIGTERM(t *testing.T) {
 	w, metricsURL := startWorkerProcAt(t, db.DSN, rs.URL, time.Second)
 	// stop it once it has visibly done a sweep task, so that the stop
 	// interrupts a worker at work, not one still starting
-	deadline := time.Now().Add(15 * time.Second)
-	for {
+	testkit.WaitUntil(t, 15*time.Second, "a sweep (sweeps_total, or the scrape's error)", func() (bool, any) {
 		fams, err := scrape.Families(metricsURL)
-		if err == nil && scrape.Value(fams, "stepcollect_sweeps_total") >= 1 {
-			break
+		if err != nil {
+			return false, err
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no sweep within 15s (last scrape error %v):\n%s", err, w.Logs())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		n := scrape.Value(fams, "stepcollect_sweeps_total")
+		return n >= 1, n
+	})
 	start := time.Now()
 	if err := w.Stop(); err != nil {
 		t.Fatalf("worker exited with %v on SIGTERM:\n%s", err, w.Logs())
