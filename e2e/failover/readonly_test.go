@@ -70,10 +70,10 @@ func readOnlyRound(t *testing.T, mdb *testha.MariaDB, rejectReadOnly bool) {
 	s := startStack(t, appDSN, rs.URL, root)
 	name := fmt.Sprintf("read_only (rejectReadOnly=%v)", rejectReadOnly)
 
-	r := s.enqueue(t, "RO", enrollments())
+	r := s.EnqueueRound(t, "RO", enrollments())
 	const before, during, after = 2 * time.Second, 4 * time.Second, 2 * time.Second
 	began := time.Now()
-	done := s.stream(r.results(), before+during+after, 32)
+	done := s.Stream(r.Results(), before+during+after, 32)
 	// the fault's own schedule, not a wait for a condition
 	time.Sleep(time.Until(began.Add(before)))
 	if err := mdb.SetReadOnly(true); err != nil {
@@ -91,7 +91,7 @@ func readOnlyRound(t *testing.T, mdb *testha.MariaDB, rejectReadOnly bool) {
 	var ok, unavailable, inside, insideOK, afterOff, afterOffBad int
 	var took503 []time.Duration
 	var firstOKAfterOff time.Time
-	var again []result
+	var again []testkit.Result
 	bad := func(format string, args ...any) {
 		if afterOffBad+insideOK < 10 {
 			t.Errorf(name+": "+format, args...)
@@ -99,34 +99,34 @@ func readOnlyRound(t *testing.T, mdb *testha.MariaDB, rejectReadOnly bool) {
 	}
 	for _, a := range answers {
 		switch {
-		case a.err == nil && a.status == http.StatusOK:
+		case a.Err == nil && a.Status == http.StatusOK:
 			ok++
-		case a.err == nil && a.status == http.StatusServiceUnavailable:
+		case a.Err == nil && a.Status == http.StatusServiceUnavailable:
 			unavailable++
-			took503 = append(took503, a.took())
-			again = append(again, a.x)
-			if a.took() > quick503 {
-				t.Errorf("%s: webhook %s answered 503 after %v, not within %v", name, a.x, a.took().Round(time.Millisecond), quick503)
+			took503 = append(took503, a.Took())
+			again = append(again, a.X)
+			if a.Took() > quick503 {
+				t.Errorf("%s: webhook %s answered 503 after %v, not within %v", name, a.X, a.Took().Round(time.Millisecond), quick503)
 			}
 		default:
-			t.Errorf("%s: webhook %s answered %d %q %v: only 200 or 503 are right", name, a.x, a.status, a.body, a.err)
+			t.Errorf("%s: webhook %s answered %d %q %v: only 200 or 503 are right", name, a.X, a.Status, a.Body, a.Err)
 		}
-		if a.start.After(onAt) && a.end.Before(offIssued) {
+		if a.Start.After(onAt) && a.End.Before(offIssued) {
 			inside++
-			if a.status != http.StatusServiceUnavailable {
+			if a.Status != http.StatusServiceUnavailable {
 				insideOK++
 				bad("webhook %s sent %v after read_only went on and answered %d before it went off: a 503 was due",
-					a.x, a.start.Sub(onAt).Round(time.Millisecond), a.status)
+					a.X, a.Start.Sub(onAt).Round(time.Millisecond), a.Status)
 			}
 		}
-		if a.start.After(offAt) {
+		if a.Start.After(offAt) {
 			afterOff++
-			if a.status != http.StatusOK {
+			if a.Status != http.StatusOK {
 				afterOffBad++
 				bad("webhook %s sent %v after read_only went off answered %d %q: writes are back, a 200 was due",
-					a.x, a.start.Sub(offAt).Round(time.Millisecond), a.status, a.body)
-			} else if firstOKAfterOff.IsZero() || a.end.Before(firstOKAfterOff) {
-				firstOKAfterOff = a.end
+					a.X, a.Start.Sub(offAt).Round(time.Millisecond), a.Status, a.Body)
+			} else if firstOKAfterOff.IsZero() || a.End.Before(firstOKAfterOff) {
+				firstOKAfterOff = a.End
 			}
 		}
 	}
@@ -136,7 +136,7 @@ func readOnlyRound(t *testing.T, mdb *testha.MariaDB, rejectReadOnly bool) {
 
 	// Before anything is sent again: every 200 committed, nothing written
 	// for a 503, nothing half-written anywhere.
-	s.checkNothingHalfWritten(t, name, answers)
+	checkNothingHalfWritten(t, s, name, answers)
 
 	// the 503 ones again, as the enrollments must end up done; a 503
 	// that persists is retried until the bound (the sender's retry, not a
@@ -147,9 +147,9 @@ func readOnlyRound(t *testing.T, mdb *testha.MariaDB, rejectReadOnly bool) {
 			time.Sleep(100 * time.Millisecond)
 		}
 		rounds++
-		var still []result
+		var still []testkit.Result
 		for _, x := range again {
-			if a := s.send(x); a.err != nil || a.status != http.StatusOK {
+			if a := s.Send(x); a.Err != nil || a.Status != http.StatusOK {
 				still = append(still, x)
 			}
 		}
@@ -158,8 +158,8 @@ func readOnlyRound(t *testing.T, mdb *testha.MariaDB, rejectReadOnly bool) {
 	if len(again) > 0 {
 		t.Errorf("%s: %d results still not answered 200 %v after read_only went off", name, len(again), bound)
 	}
-	st := s.awaitSettled(t, offAt, name)
-	s.checkReceiver(t)
+	st := s.AwaitSettled(t, offAt, name, func() { s.Explain(t, offAt, nil) })
+	s.CheckReceiver(t)
 
 	t.Logf("FAILOVER %s: %d results over %v, read_only on %v in for %v: %d answered 200, %d answered 503 (p50 %v, p99 %v, slowest %v); "+
 		"%d sent and answered inside the window, %d of them not 503",
@@ -172,11 +172,11 @@ func readOnlyRound(t *testing.T, mdb *testha.MariaDB, rejectReadOnly bool) {
 	}
 	t.Logf("FAILOVER %s: after read_only went off: %d sent, %d not 200, the first 200 %v after; %d answered 503 sent again in %d rounds; %s (from read_only off)",
 		name, afterOff, afterOffBad, firstOK, resent, rounds, st)
-	s.logMetrics(t)
-	s.logDigest(t, began, onAt)
-	s.stillRunning(t)
+	s.LogMetrics(t)
+	s.LogDigest(t, began, onAt, true)
+	s.StillRunning(t)
 	if !t.Failed() {
-		s.stop(t)
+		s.Stop(t)
 	}
 }
 
@@ -186,11 +186,11 @@ func readOnlyRound(t *testing.T, mdb *testha.MariaDB, rejectReadOnly bool) {
 // or delivered; one answered 503 has its row as it was enqueued (not
 // completed, no result) and no event. Any row is either untouched or
 // gone together with an event.
-func (s *stack) checkNothingHalfWritten(t *testing.T, name string, answers []answer) {
+func checkNothingHalfWritten(t *testing.T, s *testkit.Stack, name string, answers []testkit.Answer) {
 	t.Helper()
 	type row struct{ completed, hasResult bool }
 	rows := map[string]row{}
-	q, err := s.db.Query(`SELECT enrollment_id, command_uuid, completed, result IS NOT NULL FROM id_commands`)
+	q, err := s.DB.Query(`SELECT enrollment_id, command_uuid, completed, result IS NOT NULL FROM id_commands`)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -204,7 +204,7 @@ func (s *stack) checkNothingHalfWritten(t *testing.T, name string, answers []ans
 	}
 	q.Close()
 	outbox := map[string]bool{}
-	q, err = s.db.Query(`SELECT step_id, COALESCE(enrollment_id, '') FROM stepcollect_outbox`)
+	q, err = s.DB.Query(`SELECT step_id, COALESCE(enrollment_id, '') FROM stepcollect_outbox`)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -221,22 +221,22 @@ func (s *stack) checkNothingHalfWritten(t *testing.T, name string, answers []ans
 	var wrong []string
 	var committed, untouched int
 	for _, a := range answers {
-		id := a.x.r.id(a.x.i)
-		rw, present := rows[id+"/"+a.x.uuid()]
+		id := a.X.R.ID(a.X.I)
+		rw, present := rows[id+"/"+a.X.UUID()]
 		// read after the rows: an event acknowledged meanwhile is at the
 		// receiver, which records it before it acknowledges
-		event := outbox[pairKey(a.x.stepID(), id)] || s.rcv.has(a.x.stepID(), id)
+		event := outbox[pairKey(a.X.StepID(), id)] || s.Rcv.Has(a.X.StepID(), id)
 		switch {
 		case present && (rw.completed || rw.hasResult):
-			wrong = append(wrong, fmt.Sprintf("%s (answered %d): half-written: row completed=%v with a result=%v, not deleted", a.x, a.status, rw.completed, rw.hasResult))
+			wrong = append(wrong, fmt.Sprintf("%s (answered %d): half-written: row completed=%v with a result=%v, not deleted", a.X, a.Status, rw.completed, rw.hasResult))
 		case present && event:
-			wrong = append(wrong, fmt.Sprintf("%s (answered %d): half-written: an event for a step the enrollment has not completed", a.x, a.status))
+			wrong = append(wrong, fmt.Sprintf("%s (answered %d): half-written: an event for a step the enrollment has not completed", a.X, a.Status))
 		case !present && !event:
-			wrong = append(wrong, fmt.Sprintf("%s (answered %d): half-written: row gone without an event", a.x, a.status))
-		case a.status == http.StatusOK && present:
-			wrong = append(wrong, fmt.Sprintf("%s: a false 200: its result is not committed", a.x))
-		case a.status == http.StatusServiceUnavailable && !present:
-			wrong = append(wrong, fmt.Sprintf("%s: answered 503 but committed", a.x))
+			wrong = append(wrong, fmt.Sprintf("%s (answered %d): half-written: row gone without an event", a.X, a.Status))
+		case a.Status == http.StatusOK && present:
+			wrong = append(wrong, fmt.Sprintf("%s: a false 200: its result is not committed", a.X))
+		case a.Status == http.StatusServiceUnavailable && !present:
+			wrong = append(wrong, fmt.Sprintf("%s: answered 503 but committed", a.X))
 		case present:
 			untouched++
 		default:

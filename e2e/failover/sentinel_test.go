@@ -38,8 +38,8 @@ func TestRedisSentinelFailover(t *testing.T) {
 	a, b := sen.Servers[0], sen.Servers[1]
 	n := enrollments()
 
-	s.failoverRound(t, sen, "R1", n, "primary SIGKILLed", a, b, func() { a.Kill() }, nil)
-	s.mustHaveSettled(t)
+	failoverRound(t, s, sen, "R1", n, "primary SIGKILLed", a, b, func() { a.Kill() }, nil)
+	mustHaveSettled(t, s)
 
 	restarted := time.Now()
 	a.Restart()
@@ -54,7 +54,7 @@ func TestRedisSentinelFailover(t *testing.T) {
 	t.Logf("FAILOVER old primary restarted: a replica in sync %v later (Sentinel converts a returning primary after 8 s), every Sentinel sees it fit %v after that",
 		rejoined.Round(time.Millisecond), healthy.Round(time.Millisecond))
 
-	s.failoverRound(t, sen, "R2", n, "SENTINEL FAILOVER back", b, a, func() {
+	failoverRound(t, s, sen, "R2", n, "SENTINEL FAILOVER back", b, a, func() {
 		if err := sen.Failover(10 * time.Second); err != nil {
 			t.Error(err)
 		}
@@ -64,28 +64,27 @@ func TestRedisSentinelFailover(t *testing.T) {
 	} else {
 		t.Logf("FAILOVER after the failback the demoted primary was a replica in sync %v after the round", took.Round(time.Millisecond))
 	}
-	s.mustHaveSettled(t)
+	mustHaveSettled(t, s)
 
 	// 3. the primary hangs (SIGSTOP: connections accepted by the kernel,
 	// nothing answered) and resumes right after the promotion, a stale
 	// primary answering what was sent to it meanwhile
-	s.failoverRound(t, sen, "R3", n, "primary frozen", a, b, func() { a.Freeze() }, func() { a.Thaw() })
-	s.mustHaveSettled(t)
+	failoverRound(t, s, sen, "R3", n, "primary frozen", a, b, func() { a.Freeze() }, func() { a.Thaw() })
+	mustHaveSettled(t, s)
 	t.Logf("Sentinel events (the old primary restarted at %v):\n  %s", restarted.Format("15:04:05.000"), joinLines(sen.Events()))
-	s.stillRunning(t)
+	s.StillRunning(t)
 	if !t.Failed() {
-		s.stop(t)
+		s.Stop(t)
 	}
 }
 
 // mustHaveSettled stops the test unless the rounds so far have left
 // nothing behind (a round that missed its bound but settled later still
 // lets the next one run and be measured).
-func (s *stack) mustHaveSettled(t *testing.T) {
+func mustHaveSettled(t *testing.T, s *testkit.Stack) {
 	t.Helper()
-	if steps, idc, outbox := s.counts(t); steps != 0 || idc != 0 || outbox != 0 || s.rcv.distinct() != s.wantEvents {
-		t.Fatalf("not settled: %d steps, %d id_commands rows, %d outbox rows left, %d of %d events delivered",
-			steps, idc, outbox, s.rcv.distinct(), s.wantEvents)
+	if left := s.Left(t); left.Steps != 0 || left.IDCommands != 0 || left.Outbox != 0 || s.Rcv.Distinct() != s.WantEvents {
+		t.Fatalf("not settled: %s left, %d of %d events delivered", left, s.Rcv.Distinct(), s.WantEvents)
 	}
 }
 
@@ -103,15 +102,15 @@ func joinLines(xs []string) string {
 // failoverRound enqueues a round, sends its results over 6 s, runs fault
 // 2 s in, waits for the Sentinels to name to instead of from, and holds
 // the round to the bound from that promotion.
-func (s *stack) failoverRound(t *testing.T, sen *testha.Sentinel, prefix string, n int, name string, from, to *testha.Redis, fault, afterPromotion func()) {
+func failoverRound(t *testing.T, s *testkit.Stack, sen *testha.Sentinel, prefix string, n int, name string, from, to *testha.Redis, fault, afterPromotion func()) {
 	t.Helper()
 	if got := sen.MasterAddrs(t.Context()); got[0] != from.Addr() {
 		t.Fatalf("%s: the Sentinels name %v as the primary, want %s", name, got, from.Addr())
 	}
-	r := s.enqueue(t, prefix, n)
+	r := s.EnqueueRound(t, prefix, n)
 	const before, total = 2 * time.Second, 6 * time.Second
 	began := time.Now()
-	done := s.stream(r.results(), total, 32)
+	done := s.Stream(r.Results(), total, 32)
 	// the fault's own schedule, not a wait for a condition
 	time.Sleep(time.Until(began.Add(before)))
 	faultAt := time.Now()
@@ -128,8 +127,8 @@ func (s *stack) failoverRound(t *testing.T, sen *testha.Sentinel, prefix string,
 		afterPromotion()
 	}
 	probe := &http.Client{Timeout: 2 * time.Second}
-	readyAt, ready := watch(promoted.Add(bound), func() bool {
-		resp, err := probe.Get("http://" + s.workerAddr + "/readyz")
+	readyAt, ready := testkit.Watch(promoted.Add(bound), func() bool {
+		resp, err := probe.Get("http://" + s.WorkerAddr + "/readyz")
 		if err != nil {
 			return false
 		}
@@ -144,30 +143,30 @@ func (s *stack) failoverRound(t *testing.T, sen *testha.Sentinel, prefix string,
 	var ok, bad int
 	var tooks, during []time.Duration
 	for _, a := range answers {
-		tooks = append(tooks, a.took())
-		if a.end.After(faultAt) && a.start.Before(promoted) {
-			during = append(during, a.took())
+		tooks = append(tooks, a.Took())
+		if a.End.After(faultAt) && a.Start.Before(promoted) {
+			during = append(during, a.Took())
 		}
-		if a.err == nil && a.status == http.StatusOK {
+		if a.Err == nil && a.Status == http.StatusOK {
 			ok++
 			continue
 		}
 		// the commit does not need Redis: anything but 200 is wrong
 		if bad++; bad <= 5 {
-			t.Errorf("%s: webhook %s answered %d %q %v (sent %v after the fault)", name, a.x, a.status, a.body, a.err, a.start.Sub(faultAt).Round(time.Millisecond))
+			t.Errorf("%s: webhook %s answered %d %q %v (sent %v after the fault)", name, a.X, a.Status, a.Body, a.Err, a.Start.Sub(faultAt).Round(time.Millisecond))
 		}
 	}
 	if ok != len(answers) {
 		t.Errorf("%s: %d of %d webhooks answered 200", name, ok, len(answers))
 	}
-	st := s.awaitSettled(t, promoted, name)
+	st := s.AwaitSettled(t, promoted, name, func() { s.Explain(t, promoted, nil) })
 	t.Logf("FAILOVER %s: promoted %v after the fault (every Sentinel agreeing %v after it); after the promotion: %s; worker /readyz 200 %v after it",
 		name, promoted.Sub(faultAt).Round(time.Millisecond), p.All.Sub(faultAt).Round(time.Millisecond), st,
 		readyAt.Sub(promoted).Round(time.Millisecond))
 	t.Logf("FAILOVER %s: webhooks: %d of %d answered 200; p50 %v, p99 %v, slowest %v; %d answered while the primary was gone, slowest of those %v",
 		name, ok, len(answers), percentile(tooks, 50).Round(time.Millisecond), percentile(tooks, 99).Round(time.Millisecond),
 		percentile(tooks, 100).Round(time.Millisecond), len(during), percentile(during, 100).Round(time.Millisecond))
-	s.checkReceiver(t)
-	s.logMetrics(t)
-	s.logDigest(t, began, faultAt)
+	s.CheckReceiver(t)
+	s.LogMetrics(t)
+	s.LogDigest(t, began, faultAt, true)
 }

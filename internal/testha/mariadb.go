@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
+
+	"github.com/stepcollect/stepcollect/internal/testkit"
 )
 
 // MariaDB is a mariadbd of one test's own (the machine's MariaDB build,
@@ -36,7 +38,7 @@ type MariaDB struct {
 // (--no-defaults): the machine's my.cnf belongs to the shared server.
 func StartMariaDB(t testing.TB) *MariaDB {
 	t.Helper()
-	Require(t, "mariadbd", "mariadb-install-db")
+	testkit.RequireBinary(t, "mariadbd", "mariadb-install-db")
 	// not t.TempDir(): the socket path must stay short (108 bytes)
 	dir, err := os.MkdirTemp("", "testha-mariadb")
 	if err != nil {
@@ -55,7 +57,7 @@ func StartMariaDB(t testing.TB) *MariaDB {
 	if out, err := exec.Command("mariadb-install-db", install...).CombinedOutput(); err != nil {
 		t.Fatalf("mariadb-install-db %v: %v\n%s", install, err, out)
 	}
-	m := &MariaDB{t: t, Port: freePort(t), dir: dir}
+	m := &MariaDB{t: t, Port: testkit.FreePort(t), dir: dir}
 	args := append(append([]string{"--no-defaults"}, user...), "--datadir="+data,
 		"--port="+strconv.Itoa(m.Port), "--bind-address=127.0.0.1", "--skip-name-resolve",
 		"--socket="+filepath.Join(dir, "sock"), "--pid-file="+filepath.Join(dir, "pid"),

@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/stepcollect/stepcollect/internal/testkit"
 )
 
 // Redis is one redis-server process: a data node or a Sentinel.
@@ -133,7 +135,7 @@ type Sentinel struct {
 // the replica, and that a failover could be authorised.
 func StartSentinel(t testing.TB, cfg SentinelConfig) *Sentinel {
 	t.Helper()
-	Require(t, "redis-server")
+	testkit.RequireBinary(t, "redis-server")
 	if cfg.Sentinels <= 0 {
 		cfg.Sentinels = 3
 	}
@@ -161,7 +163,7 @@ func StartSentinel(t testing.TB, cfg SentinelConfig) *Sentinel {
 	})
 
 	newServer := func(name string, extra ...string) *Redis {
-		port := freePort(t)
+		port := testkit.FreePort(t)
 		d := filepath.Join(dir, name)
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			t.Fatal(err)
@@ -182,7 +184,7 @@ func StartSentinel(t testing.TB, cfg SentinelConfig) *Sentinel {
 	var addrs []string
 	for i := range cfg.Sentinels {
 		name := fmt.Sprintf("sentinel-%d", i+1)
-		port := freePort(t)
+		port := testkit.FreePort(t)
 		d := filepath.Join(dir, name)
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			t.Fatal(err)

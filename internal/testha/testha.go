@@ -11,55 +11,23 @@
 package testha
 
 import (
-	"net"
-	"os"
 	"os/exec"
-	"strings"
 	"sync"
 	"syscall"
-	"testing"
 	"time"
+
+	"github.com/stepcollect/stepcollect/internal/testkit"
 )
-
-// Require skips t (fails it under CI=true) unless every binary is on PATH.
-func Require(t testing.TB, bins ...string) {
-	t.Helper()
-	for _, b := range bins {
-		if _, err := exec.LookPath(b); err != nil {
-			if os.Getenv("CI") == "true" {
-				t.Fatalf("%s is required under CI (CI=true): %v", b, err)
-			}
-			t.Skipf("%s not installed: %v", b, err)
-		}
-	}
-}
-
-// freePort returns a 127.0.0.1 port free right now.
-func freePort(t testing.TB) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
 
 // awaitTCP waits until addr accepts a connection, or while alive says the
 // process still runs, up to within.
 func awaitTCP(addr string, within time.Duration, alive func() bool) bool {
-	deadline := time.Now().Add(within)
-	for {
-		c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
-		if err == nil {
-			c.Close()
-			return true
-		}
-		if !alive() || time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	up := false
+	testkit.Watch(time.Now().Add(within), func() bool {
+		up = testkit.Dial(addr) == nil
+		return up || !alive()
+	})
+	return up
 }
 
 // process is one child process with its output kept.
@@ -71,11 +39,11 @@ type process struct {
 	mu   sync.Mutex
 	cmd  *exec.Cmd
 	done chan struct{}
-	logs *logBuffer
+	logs *testkit.LogBuffer
 }
 
 func newProcess(name, bin string, args ...string) *process {
-	return &process{name: name, bin: bin, args: args, logs: &logBuffer{}}
+	return &process{name: name, bin: bin, args: args, logs: &testkit.LogBuffer{}}
 }
 
 func (p *process) start() error {
@@ -135,21 +103,4 @@ func (p *process) stop(sig syscall.Signal, within time.Duration) {
 		cmd.Process.Kill()
 		<-done
 	}
-}
-
-type logBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

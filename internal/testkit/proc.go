@@ -58,21 +58,50 @@ func moduleRoot() (string, error) {
 	return filepath.Dir(strings.TrimSpace(string(b))), nil
 }
 
-// FreeAddr returns a 127.0.0.1 address with a port free right now.
-func FreeAddr(t testing.TB) string {
+// FreePort returns a 127.0.0.1 port free right now.
+func FreePort(t testing.TB) int {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("finding a free port: %v", err)
 	}
 	defer ln.Close()
-	return ln.Addr().String()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// FreeAddr returns a 127.0.0.1 address with a port free right now.
+func FreeAddr(t testing.TB) string {
+	t.Helper()
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(FreePort(t)))
+}
+
+// RequireBinary skips t (fails it under CI=true) unless every binary is on
+// PATH.
+func RequireBinary(t testing.TB, bins ...string) {
+	t.Helper()
+	for _, b := range bins {
+		if _, err := exec.LookPath(b); err != nil {
+			if os.Getenv("CI") == "true" {
+				t.Fatalf("%s is required under CI (CI=true): %v", b, err)
+			}
+			t.Skipf("%s not installed: %v", b, err)
+		}
+	}
+}
+
+// Dial reports whether addr accepts a TCP connection now (nil if it does).
+func Dial(addr string) error {
+	c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
+	if err == nil {
+		c.Close()
+	}
+	return err
 }
 
 // Proc is a running binary.
 type Proc struct {
 	Cmd  *exec.Cmd
-	logs *syncBuffer
+	logs *LogBuffer
 }
 
 // StartProc runs bin with args and extra environment (NAME=value), killing it
@@ -81,7 +110,7 @@ func StartProc(t testing.TB, bin string, env []string, args ...string) *Proc {
 	t.Helper()
 	cmd := exec.Command(bin, args...)
 	cmd.Env = append(os.Environ(), env...)
-	logs := &syncBuffer{}
+	logs := &LogBuffer{}
 	cmd.Stdout, cmd.Stderr = logs, logs
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -185,18 +214,19 @@ func ServiceEnv(dsn, redisURL string, extra ...string) []string {
 	return append([]string{"STEPCOLLECT_MYSQL_DSN=" + dsn, "STEPCOLLECT_REDIS_URL=" + redisURL}, extra...)
 }
 
-type syncBuffer struct {
+// LogBuffer keeps what a process writes, safe to read while it writes.
+type LogBuffer struct {
 	mu sync.Mutex
 	b  strings.Builder
 }
 
-func (s *syncBuffer) Write(p []byte) (int, error) {
+func (s *LogBuffer) Write(p []byte) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.Write(p)
 }
 
-func (s *syncBuffer) String() string {
+func (s *LogBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()

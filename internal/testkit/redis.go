@@ -5,8 +5,6 @@ package testkit
 
 import (
 	"fmt"
-	"net"
-	"os"
 	"os/exec"
 	"strconv"
 	"testing"
@@ -25,18 +23,8 @@ type Redis struct {
 // StartRedis starts a redis-server for t and stops it when t ends.
 func StartRedis(t testing.TB) *Redis {
 	t.Helper()
-	if _, err := exec.LookPath("redis-server"); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("redis-server is required under CI: %v", err)
-		}
-		t.Skipf("redis-server not installed: %v", err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := ln.Addr().(*net.TCPAddr).Port
-	ln.Close()
+	RequireBinary(t, "redis-server")
+	port := FreePort(t)
 	s := &Redis{t: t, Port: port, URL: fmt.Sprintf("redis://127.0.0.1:%d/0", port), dir: t.TempDir()}
 	s.start()
 	t.Cleanup(func() {
@@ -57,10 +45,7 @@ func (s *Redis) start() {
 	}
 	var err error
 	if _, ok := Watch(time.Now().Add(10*time.Second), func() bool {
-		var c net.Conn
-		if c, err = net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", s.Port), 200*time.Millisecond); err == nil {
-			c.Close()
-		}
+		err = Dial(fmt.Sprintf("127.0.0.1:%d", s.Port))
 		return err == nil
 	}); !ok {
 		s.t.Fatalf("redis-server on port %d did not answer within 10s: %v", s.Port, err)
