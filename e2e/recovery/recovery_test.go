@@ -21,19 +21,11 @@
 package recovery
 
 import (
-	"bytes"
-	"database/sql"
-	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
-	"net/http/httptest"
 	"os"
-	"sort"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -41,7 +33,6 @@ import (
 	"github.com/go-sql-driver/mysql"
 	"github.com/hibiken/asynq"
 
-	"github.com/stepcollect/stepcollect/internal/scrape"
 	"github.com/stepcollect/stepcollect/internal/tcpproxy"
 	"github.com/stepcollect/stepcollect/internal/testkit"
 	"github.com/stepcollect/stepcollect/tasks"
@@ -60,10 +51,7 @@ const (
 	apiKey = "recovery-api-key"
 	// bound is guarantee 8: from the end of a fault to every step collected
 	// and every event delivered.
-	bound = 15 * time.Second
-	// overtime is how much longer a test that missed the bound keeps
-	// watching, to report how late the work was (two sweep intervals).
-	overtime = 60 * time.Second
+	bound = testkit.SettleBound
 	// sweepInterval is the worker's default -sweep-interval. Its sweeps
 	// run at multiples of it (tasks.RunSlots), the same on every replica.
 	sweepInterval = 30 * time.Second
@@ -109,8 +97,8 @@ func TestWorkerKilledAndRestarted(t *testing.T) {
 	s.run(t, fault{
 		name:   "worker SIGKILLed and restarted",
 		before: 2 * time.Second, during: 3 * time.Second, after: 2 * time.Second,
-		begin: func() { s.worker().Kill() },
-		end:   func() { s.startWorker(t) },
+		begin: func() { s.Worker().Kill() },
+		end:   func() { s.StartWorker(t) },
 	})
 }
 
@@ -141,146 +129,54 @@ func TestReceiverDownAndBack(t *testing.T) {
 	s.run(t, fault{
 		name:   "receiver answering 503 and back",
 		before: 2 * time.Second, during: 10 * time.Second, after: 2 * time.Second,
-		begin: func() { s.rcv.setDown(true) },
-		end:   func() { s.rcv.setDown(false) },
+		begin: func() { s.Rcv.Refuse(http.StatusServiceUnavailable) },
+		end:   func() { s.Rcv.Refuse(0) },
 	})
-}
-
-// ---------------------------------------------------------------------------
-// the workflow engine's receiver
-
-// receiver is the workflow engine's callback endpoint. It deduplicates on
-// event_id, records when each event first arrived, counts redeliveries, and
-// checks that one enrollment's completion of one step always comes under
-// one event id.
-type receiver struct {
-	delay   time.Duration // how long each answer takes (set before use)
-	mu      sync.Mutex
-	down    bool
-	first   map[string]time.Time // event_id → first acknowledged arrival
-	byPair  map[string]string    // "step_id/enrollment" → event_id
-	posts   int                  // every POST, refused ones included
-	dups    int                  // acknowledged again after a first 2xx
-	refused int                  // answered 503 while down
-	wrong   []string             // contract violations seen
-}
-
-func newReceiver(delay time.Duration) *receiver {
-	return &receiver{delay: delay, first: map[string]time.Time{}, byPair: map[string]string{}}
-}
-
-func (r *receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
-	body, err := io.ReadAll(io.LimitReader(req.Body, 4<<20))
-	now := time.Now()
-	var ev struct {
-		EventID string `json:"event_id"`
-		Type    string `json:"type"`
-		Step    struct {
-			StepID int64    `json:"step_id"`
-			IDs    []string `json:"ids"`
-		} `json:"step"`
-	}
-	if err == nil {
-		err = json.Unmarshal(body, &ev)
-	}
-	// a slow engine: the event counts as received even if the worker is
-	// gone by the time it answers, as with a real receiver
-	time.Sleep(r.delay)
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.posts++
-	if err != nil || ev.EventID == "" {
-		r.wrong = append(r.wrong, fmt.Sprintf("unreadable event (%v): %.200s", err, body))
-		http.Error(w, "bad event", http.StatusBadRequest)
-		return
-	}
-	if r.down {
-		r.refused++
-		http.Error(w, "down for the test", http.StatusServiceUnavailable)
-		return
-	}
-	if h := req.Header.Get("X-Stepcollect-Event-Id"); h != ev.EventID {
-		r.wrong = append(r.wrong, fmt.Sprintf("X-Stepcollect-Event-Id %q for body event_id %q", h, ev.EventID))
-	}
-	if ev.Type != "step.completed" || len(ev.Step.IDs) != 1 {
-		r.wrong = append(r.wrong, fmt.Sprintf("event %s: type %q with ids %v, want one enrollment's step.completed", ev.EventID, ev.Type, ev.Step.IDs))
-	}
-	pair := fmt.Sprintf("%d/%s", ev.Step.StepID, strings.Join(ev.Step.IDs, ","))
-	if prev, ok := r.byPair[pair]; ok && prev != ev.EventID {
-		r.wrong = append(r.wrong, fmt.Sprintf("step/enrollment %s delivered under event ids %s and %s", pair, prev, ev.EventID))
-	}
-	r.byPair[pair] = ev.EventID
-	if _, ok := r.first[ev.EventID]; ok {
-		r.dups++
-	} else {
-		r.first[ev.EventID] = now
-	}
-	w.WriteHeader(http.StatusNoContent)
-}
-
-func (r *receiver) setDown(down bool) {
-	r.mu.Lock()
-	r.down = down
-	r.mu.Unlock()
-}
-
-func (r *receiver) distinct() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return len(r.first)
-}
-
-// last is when the latest distinct event first arrived.
-func (r *receiver) last() time.Time {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	var last time.Time
-	for _, at := range r.first {
-		if at.After(last) {
-			last = at
-		}
-	}
-	return last
-}
-
-type receiverStats struct{ distinct, posts, dups, refused, pairs int }
-
-func (r *receiver) stats() receiverStats {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return receiverStats{len(r.first), r.posts, r.dups, r.refused, len(r.byPair)}
-}
-
-func (r *receiver) violations() []string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return append([]string(nil), r.wrong...)
 }
 
 // ---------------------------------------------------------------------------
 // the stack
 
-// stack is one api and one worker (at default flags) on a fresh database
-// and a private Redis, optionally reaching MySQL through a proxy.
+// stack is testkit's api and worker (at default flags) on a fresh database
+// and a private Redis, optionally reaching MySQL through a proxy,
+// delivering to a receiver that holds every event to be one enrollment's
+// step.completed.
 type stack struct {
-	db         *testkit.DB
-	redis      *testkit.Redis
-	proxy      *tcpproxy.Proxy // nil unless MySQL is reached through it
-	rcv        *receiver
-	env        []string
-	workerAddr string
-	callback   string
-	apiURL     string
-	api        *testkit.Proc
-	client     *http.Client
+	*testkit.Stack
+	redis *testkit.Redis
+	proxy *tcpproxy.Proxy // nil unless MySQL is reached through it
 
-	mu      sync.Mutex
-	workers []*testkit.Proc  // every worker started, the current one last
-	steps   map[int64]string // step id → what it is, for reports
+	mu sync.Mutex
 	// queuedAtFault is what collect tasks in Redis held a moment before
 	// the fault (step id → task state), when the test looked
 	queuedAtFault map[int64]string
 	queuedErr     error
+}
+
+// stackOptions vary the stack from one test to another.
+type stackOptions struct {
+	viaProxy      bool          // reach MySQL through a tcpproxy
+	receiverDelay time.Duration // how long the receiver takes to answer
+}
+
+func startStack(t *testing.T, o stackOptions) *stack {
+	t.Helper()
+	db := testkit.NewDB(t, nil)
+	s := &stack{redis: testkit.StartRedis(t)}
+	dsn := db.DSN
+	if o.viaProxy {
+		cfg, err := mysql.ParseDSN(dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.proxy = tcpproxy.Start(t, cfg.Addr)
+		cfg.Addr = s.proxy.Addr
+		dsn = cfg.FormatDSN()
+	}
+	// nothing else: every other flag at its default
+	s.Stack = testkit.StartStack(t, testkit.StackConfig{Bins: bins, DSN: dsn, RedisURL: s.redis.URL, DB: db.DB, APIKey: apiKey,
+		Receiver: &testkit.ReceiverOptions{Delay: o.receiverDelay, CompletionsOnly: true}})
+	return s
 }
 
 // queuedSteps lists the steps that collect tasks in Redis hold right now,
@@ -315,209 +211,6 @@ func (s *stack) queuedSteps() (map[int64]string, error) {
 	return out, nil
 }
 
-// stackOptions vary the stack from one test to another.
-type stackOptions struct {
-	viaProxy      bool          // reach MySQL through a tcpproxy
-	receiverDelay time.Duration // how long the receiver takes to answer
-}
-
-func startStack(t *testing.T, o stackOptions) *stack {
-	t.Helper()
-	s := &stack{db: testkit.NewDB(t, nil), redis: testkit.StartRedis(t), rcv: newReceiver(o.receiverDelay), steps: map[int64]string{}}
-	cb := httptest.NewServer(s.rcv)
-	t.Cleanup(cb.Close)
-	s.callback = cb.URL
-
-	dsn := s.db.DSN
-	if o.viaProxy {
-		cfg, err := mysql.ParseDSN(dsn)
-		if err != nil {
-			t.Fatal(err)
-		}
-		s.proxy = tcpproxy.Start(t, cfg.Addr)
-		cfg.Addr = s.proxy.Addr
-		dsn = cfg.FormatDSN()
-	}
-	// nothing else: every other flag at its default
-	s.env = []string{"STEPCOLLECT_MYSQL_DSN=" + dsn, "STEPCOLLECT_REDIS_URL=" + s.redis.URL}
-	s.workerAddr = testkit.FreeAddr(t)
-	s.startWorker(t)
-	testkit.AwaitHTTP(t, s.worker(), "http://"+s.workerAddr+"/readyz", 30*time.Second)
-
-	apiAddr := testkit.FreeAddr(t)
-	s.api = testkit.StartProc(t, bins["api"], append(s.env, "STEPCOLLECT_API_KEY="+apiKey), "-listen", apiAddr)
-	s.apiURL = "http://" + apiAddr
-	testkit.AwaitHTTP(t, s.api, s.apiURL+"/readyz", 30*time.Second)
-	s.client = &http.Client{Timeout: time.Minute, Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
-	return s
-}
-
-// startWorker starts a worker on the stack's flags (the same every time).
-func (s *stack) startWorker(t *testing.T) *testkit.Proc {
-	p := testkit.StartProc(t, bins["worker"], s.env, "-metrics-listen", s.workerAddr, "-callback-url", s.callback)
-	s.mu.Lock()
-	s.workers = append(s.workers, p)
-	s.mu.Unlock()
-	return p
-}
-
-func (s *stack) worker() *testkit.Proc {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.workers[len(s.workers)-1]
-}
-
-func (s *stack) post(path string, body []byte, header map[string]string) (int, []byte, error) {
-	req, _ := http.NewRequest("POST", s.apiURL+path, bytes.NewReader(body))
-	for k, v := range header {
-		req.Header.Set(k, v)
-	}
-	resp, err := s.client.Do(req)
-	if err != nil {
-		return 0, nil, err
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, b, nil
-}
-
-func ownID(i int) string   { return fmt.Sprintf("REC-E%04d", i) }
-func ownUUID(i int) string { return fmt.Sprintf("REC-OWN-%04d", i) }
-func sharedUUID() string   { return "REC-SHARED-1" }
-func forEach(n, width int, f func(i int)) {
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, width)
-	for i := range n {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			f(i)
-		}()
-	}
-	wg.Wait()
-}
-
-// enqueue makes a step of its own for each of n enrollments and one step
-// shared by all of them.
-func (s *stack) enqueue(t *testing.T, n int) {
-	t.Helper()
-	auth := map[string]string{"Authorization": "Bearer " + apiKey}
-	mk := func(instance string, ids []string, uuid, what string) error {
-		body, _ := json.Marshal(map[string]any{"workflow_name": "io.example.recovery", "instance_id": instance, "step_name": "query",
-			"ids": ids, "commands": []map[string]string{{"command_uuid": uuid, "request_type": "DeviceInformation"}}})
-		status, b, err := s.post("/v1/steps", body, auth)
-		if err != nil || status != http.StatusCreated {
-			return fmt.Errorf("enqueue %s: %d %s %v", what, status, b, err)
-		}
-		var out struct {
-			StepID int64 `json:"step_id"`
-		}
-		if err := json.Unmarshal(b, &out); err != nil {
-			return fmt.Errorf("enqueue %s: %s: %v", what, b, err)
-		}
-		s.mu.Lock()
-		s.steps[out.StepID] = what
-		s.mu.Unlock()
-		return nil
-	}
-	ids := make([]string, n)
-	for i := range ids {
-		ids[i] = ownID(i)
-	}
-	if err := mk("shared", ids, sharedUUID(), "the shared step"); err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	var errs []error
-	forEach(n, 8, func(i int) {
-		if err := mk(ownUUID(i), []string{ownID(i)}, ownUUID(i), "the own step of "+ownID(i)); err != nil {
-			mu.Lock()
-			errs = append(errs, err)
-			mu.Unlock()
-		}
-	})
-	if len(errs) > 0 {
-		t.Fatalf("%d enqueues failed, first: %v", len(errs), errs[0])
-	}
-}
-
-// result is one webhook body: enrollment i answering its own command or the
-// shared one.
-type result struct {
-	i      int
-	shared bool
-}
-
-func (r result) body() []byte {
-	id, uuid := ownID(r.i), ownUUID(r.i)
-	if r.shared {
-		uuid = sharedUUID()
-	}
-	raw := fmt.Appendf(nil, `<?xml version="1.0" encoding="UTF-8"?><plist version="1.0"><dict><key>CommandUUID</key><string>%s</string><key>Status</key><string>Acknowledged</string><key>UDID</key><string>%s</string><key>QueryResponses</key><dict><key>SerialNumber</key><string>SN-%s</string></dict></dict></plist>`, uuid, id, id)
-	return fmt.Appendf(nil, `{"topic":"mdm.Connect","event_id":"%s-%s","created_at":%q,"acknowledge_event":{"udid":%q,"command_uuid":%q,"raw_payload":%q}}`,
-		id, uuid, time.Now().UTC().Format(time.RFC3339), id, uuid, base64.StdEncoding.EncodeToString(raw))
-}
-
-// tally counts the webhook answers.
-type tally struct {
-	mu          sync.Mutex
-	ok          int
-	unavailable int      // 503
-	other       []string // anything else, which no fault here excuses
-	again       []result // answered 503, to send again
-	lastOK      time.Time
-	slowest     map[int]time.Duration // by status (0: no answer)
-}
-
-func (ta *tally) send(s *stack, r result) {
-	start := time.Now()
-	status, b, err := s.post("/webhook", r.body(), nil)
-	took := time.Since(start)
-	ta.mu.Lock()
-	defer ta.mu.Unlock()
-	if ta.slowest == nil {
-		ta.slowest = map[int]time.Duration{}
-	}
-	ta.slowest[status] = max(ta.slowest[status], took)
-	switch {
-	case err == nil && status == http.StatusOK:
-		ta.ok++
-		ta.lastOK = time.Now()
-	case err == nil && status == http.StatusServiceUnavailable:
-		ta.unavailable++
-		ta.again = append(ta.again, r)
-	default:
-		ta.other = append(ta.other, fmt.Sprintf("%s/%v: %d %.200s %v", ownID(r.i), r.shared, status, b, err))
-	}
-}
-
-// stream sends rs at an even pace over d (at most width at once) and
-// closes the returned channel when every answer is in.
-func (s *stack) stream(rs []result, d time.Duration, width int, ta *tally) <-chan struct{} {
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		var wg sync.WaitGroup
-		sem := make(chan struct{}, width)
-		start := time.Now()
-		for k, r := range rs {
-			// pacing the load, not waiting for a condition
-			time.Sleep(time.Until(start.Add(d * time.Duration(k) / time.Duration(len(rs)))))
-			sem <- struct{}{}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer func() { <-sem }()
-				ta.send(s, r)
-			}()
-		}
-		wg.Wait()
-	}()
-	return done
-}
-
 // ---------------------------------------------------------------------------
 // the run
 
@@ -529,45 +222,45 @@ type fault struct {
 	begin, end            func()
 }
 
-func (s *stack) countSteps(t *testing.T) testkit.StepRows { return testkit.CountStepRows(t, s.db.DB) }
-
-func (s *stack) outboxRows(t *testing.T) int {
-	var n int
-	if err := s.db.QueryRow(`SELECT COUNT(*) FROM stepcollect_outbox`).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	return n
+// tally counts the webhook answers.
+type tally struct {
+	mu          sync.Mutex
+	ok          int
+	unavailable int              // 503
+	other       []string         // anything else, which no fault here excuses
+	again       []testkit.Result // answered 503, to send again
+	lastOK      time.Time
+	slowest     map[int]time.Duration // by status (0: no answer)
 }
 
-// watch polls cond every 20 ms until it holds or until gives up; it
-// reports when it first held.
-func watch(until time.Time, cond func() bool) (time.Time, bool) {
-	for {
-		if cond() {
-			return time.Now(), true
+func (ta *tally) add(a testkit.Answer) {
+	ta.mu.Lock()
+	defer ta.mu.Unlock()
+	if ta.slowest == nil {
+		ta.slowest = map[int]time.Duration{}
+	}
+	ta.slowest[a.Status] = max(ta.slowest[a.Status], a.Took())
+	switch {
+	case a.Err == nil && a.Status == http.StatusOK:
+		ta.ok++
+		if a.End.After(ta.lastOK) {
+			ta.lastOK = a.End
 		}
-		if time.Now().After(until) {
-			return time.Time{}, false
-		}
-		time.Sleep(20 * time.Millisecond)
+	case a.Err == nil && a.Status == http.StatusServiceUnavailable:
+		ta.unavailable++
+		ta.again = append(ta.again, a.X)
+	default:
+		ta.other = append(ta.other, fmt.Sprintf("%s: %d %.200s %v", a.X, a.Status, a.Body, a.Err))
 	}
 }
 
 func (s *stack) run(t *testing.T, f fault) {
 	n := enrollments()
-	s.enqueue(t, n)
-	wantSteps := s.countSteps(t).Steps
-	wantEvents := 2 * n // each enrollment completes its own step and the shared one
-	if wantSteps != n+1 {
-		t.Fatalf("%d steps enqueued, want %d", wantSteps, n+1)
+	r := s.EnqueueRound(t, "REC", n)
+	if got := testkit.CountStepRows(t, s.DB).Steps; got != n+1 {
+		t.Fatalf("%d steps enqueued, want %d", got, n+1)
 	}
 
-	// enrollment i answers its own command, then the shared one a moment
-	// later: the shared step is released by the last result of all
-	rs := make([]result, 0, 2*n)
-	for i := range n {
-		rs = append(rs, result{i: i}, result{i: i, shared: true})
-	}
 	// The fault begins half a second after a sweep slot, so that no
 	// periodic sweep runs between its start and the deadline: recovery
 	// within the bound must not depend on where the sweeper's 30 s cycle
@@ -579,9 +272,10 @@ func (s *stack) run(t *testing.T, f fault) {
 	faultStart := time.Now().Add(f.before).Truncate(sweepInterval).Add(sweepInterval + 500*time.Millisecond)
 	time.Sleep(time.Until(faultStart.Add(-f.before))) // placing the fault, not waiting for a condition
 
-	ta := &tally{}
 	began := time.Now()
-	done := s.stream(rs, f.before+f.during+f.after, 32, ta)
+	// enrollment i answers its own command, then the shared one a moment
+	// later: the shared step is released by the last result of all
+	done := s.Stream(r.Results(), f.before+f.during+f.after, 32)
 
 	// the fault's own schedule
 	time.Sleep(time.Until(began.Add(f.before)))
@@ -611,7 +305,10 @@ func (s *stack) run(t *testing.T, f fault) {
 		ended.Sub(faultAt).Round(time.Millisecond), faultAt.Sub(faultAt.Truncate(sweepInterval)).Round(time.Millisecond),
 		faultAt.Truncate(sweepInterval).Add(sweepInterval).Sub(ended).Round(time.Millisecond), f.before+f.during+f.after)
 
-	<-done
+	ta := &tally{}
+	for _, a := range <-done {
+		ta.add(a)
+	}
 	ta.mu.Lock()
 	streamed503, again := ta.unavailable, ta.again
 	ta.again = nil
@@ -625,7 +322,7 @@ func (s *stack) run(t *testing.T, f fault) {
 			time.Sleep(100 * time.Millisecond)
 		}
 		rounds++
-		forEach(len(again), 32, func(k int) { ta.send(s, again[k]) })
+		testkit.ForEach(len(again), 32, func(k int) { ta.add(s.Send(again[k])) })
 		ta.mu.Lock()
 		again, ta.again = ta.again, nil
 		ta.mu.Unlock()
@@ -652,117 +349,49 @@ func (s *stack) run(t *testing.T, f fault) {
 		t.Errorf("%d results answered 200, want %d", ok, 2*n)
 	}
 
-	// Every 20 ms, note when each condition first holds (results are all
-	// committed by now, so each only goes one way).
-	var collectedAt, deliveredAt, drainedAt time.Time
-	progress := func() bool {
-		now := time.Now()
-		if collectedAt.IsZero() && s.countSteps(t).Steps == 0 {
-			collectedAt = now
+	st := s.AwaitSettled(t, ended, f.name, func() { s.explain(t, ended) })
+	at := func(d time.Duration) time.Time {
+		if d < 0 {
+			return time.Time{}
 		}
-		if deliveredAt.IsZero() && s.rcv.distinct() >= wantEvents {
-			deliveredAt = now
-		}
-		if drainedAt.IsZero() && s.outboxRows(t) == 0 {
-			drainedAt = now
-		}
-		return !collectedAt.IsZero() && !deliveredAt.IsZero() && !drainedAt.IsZero()
+		return ended.Add(d)
 	}
-	if _, ok := watch(deadline, progress); !ok {
-		collectedOK, deliveredOK, drainedOK := !collectedAt.IsZero(), !deliveredAt.IsZero(), !drainedAt.IsZero()
-		s.explain(t, ended, wantEvents)
-		watch(deadline.Add(overtime), progress) // how late: keep watching
-		if !collectedOK {
-			t.Errorf("steps: not all collected within %v of the fault's end; %s", bound, late(!collectedAt.IsZero(), collectedAt, ended, overtime+bound))
-		}
-		if !deliveredOK {
-			t.Errorf("events: not all delivered within %v of the fault's end; %s", bound, late(!deliveredAt.IsZero(), s.rcv.last(), ended, overtime+bound))
-		}
-		if !drainedOK {
-			t.Errorf("outbox: not empty within %v of the fault's end; %s", bound, late(!drainedAt.IsZero(), drainedAt, ended, overtime+bound))
-		}
-		t.Logf("after the overtime: %s", s.state(t, wantEvents))
-	}
-
-	st := s.rcv.stats()
 	sinceLastOK := func(at time.Time) string {
 		if at.IsZero() {
 			return "never"
 		}
 		return at.Sub(lastOK).Round(time.Millisecond).String()
 	}
+	rs := s.Rcv.Stats()
 	t.Logf("RECOVERY %s: steps collected after %v, last event after %v (from the fault's end); the last result was answered 200 at %v, "+
 		"so %v and %v after it; outbox empty (every event acknowledged) after %v; %d distinct events, %d redelivered, %d refused while down, %d POSTs in all",
-		f.name, rel(collectedAt), rel(s.rcv.last()), rel(lastOK), sinceLastOK(collectedAt), sinceLastOK(s.rcv.last()), rel(drainedAt),
-		st.distinct, st.dups, st.refused, st.posts)
-	if st.distinct != wantEvents || st.pairs != wantEvents {
-		t.Errorf("receiver: %d distinct event ids for %d step/enrollment completions, want %d of each", st.distinct, st.pairs, wantEvents)
+		f.name, rel(at(st.Collected)), rel(at(st.Delivered)), rel(lastOK), sinceLastOK(at(st.Collected)), sinceLastOK(at(st.Delivered)), rel(at(st.Drained)),
+		rs.Distinct, rs.Dups, rs.Refused, rs.Posts)
+	s.CheckReceiver(t)
+	if left := testkit.CountStepRows(t, s.DB); left != (testkit.StepRows{}) {
+		t.Errorf("left: %+v", left)
 	}
-	for _, v := range s.rcv.violations() {
-		t.Errorf("receiver: %s", v)
-	}
-	if r := s.countSteps(t); r.Steps != 0 || r.IDCommands != 0 || r.StepCommands != 0 {
-		t.Errorf("left: %+v", r)
-	}
-	s.logDigest(t, ended)
+	s.LogDigest(t, time.Time{}, ended, false)
 	if t.Failed() {
-		return // the procs' logs are printed by testproc
+		return // the procs' logs are printed by testkit
 	}
-	if err := s.api.Stop(); err != nil {
-		t.Errorf("api on SIGTERM: %v", err)
-	}
-	if err := s.worker().Stop(); err != nil {
-		t.Errorf("worker on SIGTERM: %v", err)
-	}
-}
-
-func late(ok bool, at, ended time.Time, watched time.Duration) string {
-	if !ok {
-		return fmt.Sprintf("still not after %v", watched)
-	}
-	return fmt.Sprintf("done %v after the fault's end (%v late)", at.Sub(ended).Round(time.Millisecond), (at.Sub(ended) - bound).Round(time.Millisecond))
-}
-
-// state is one line on what is left.
-func (s *stack) state(t *testing.T, wantEvents int) string {
-	r := s.countSteps(t)
-	st := s.rcv.stats()
-	return fmt.Sprintf("%d steps, %d id_commands rows, %d step_commands rows left; %d outbox rows; %d of %d events delivered (%d redelivered, %d refused)",
-		r.Steps, r.IDCommands, r.StepCommands, s.outboxRows(t), st.distinct, wantEvents, st.dups, st.refused)
+	s.Stop(t)
 }
 
 // explain logs, at the deadline, what was left and why it might be: the
-// steps (and whether anything still refers to them), the outbox, the
-// queue and the worker's counters.
-func (s *stack) explain(t *testing.T, ended time.Time, wantEvents int) {
-	t.Logf("at the deadline (%v after the fault's end): %s", time.Since(ended).Round(time.Millisecond), s.state(t, wantEvents))
-	rows, err := s.db.Query(`SELECT s.id, (SELECT COUNT(*) FROM id_commands c WHERE c.step_id = s.id) FROM steps s ORDER BY s.id LIMIT 20`)
-	if err == nil {
-		for rows.Next() {
-			var id int64
-			var refs int
-			rows.Scan(&id, &refs)
-			s.mu.Lock()
-			what := s.steps[id]
-			if st, ok := s.queuedAtFault[id]; ok {
-				what += "; in a collect task " + st + " in Redis just before the fault"
-			} else if s.queuedAtFault != nil {
-				what += "; in no collect task in Redis just before the fault"
-			}
-			s.mu.Unlock()
-			t.Logf("  step %d (%s) left, %d id_commands rows refer to it", id, what, refs)
+// steps (and whether a collect task held them just before the fault), the
+// outbox, the queue and the worker's counters.
+func (s *stack) explain(t *testing.T, ended time.Time) {
+	s.Explain(t, ended, func(id int64) string {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if st, ok := s.queuedAtFault[id]; ok {
+			return "; in a collect task " + st + " in Redis just before the fault"
+		} else if s.queuedAtFault != nil {
+			return "; in no collect task in Redis just before the fault"
 		}
-		rows.Close()
-	} else {
-		t.Logf("  listing steps: %v", err)
-	}
-	var pending, maxAttempts int
-	var lastError sql.NullString
-	if err := s.db.QueryRow(`SELECT COUNT(*), COALESCE(MAX(attempts), 0), MAX(last_error) FROM stepcollect_outbox`).Scan(&pending, &maxAttempts, &lastError); err == nil {
-		t.Logf("  outbox: %d rows, attempts up to %d, a last_error: %.200s", pending, maxAttempts, lastError.String)
-	} else {
-		t.Logf("  outbox: %v", err)
-	}
+		return ""
+	})
 	insp := asynq.NewInspector(asynq.RedisClientOpt{Addr: fmt.Sprintf("127.0.0.1:%d", s.redis.Port), DialTimeout: time.Second})
 	defer insp.Close()
 	for _, q := range []string{"stepcollect", "stepcollect_sweep"} {
@@ -773,87 +402,5 @@ func (s *stack) explain(t *testing.T, ended time.Time, wantEvents int) {
 		}
 		t.Logf("  queue %s: pending %d, active %d, scheduled %d, retry %d, archived %d, completed %d; processed today %d, failed today %d",
 			q, qi.Pending, qi.Active, qi.Scheduled, qi.Retry, qi.Archived, qi.Completed, qi.Processed, qi.Failed)
-	}
-	if fams, err := scrape.Families("http://" + s.workerAddr + "/metrics"); err == nil {
-		t.Logf("  worker metrics: steps_collected_total %.0f; collect_runs collected %.0f referenced %.0f claimed_elsewhere %.0f gone %.0f error %.0f; uncollected_steps %.0f; deliveries ok %.0f http_error %.0f timeout %.0f",
-			scrape.Value(fams, "stepcollect_steps_collected_total"),
-			scrape.Value(fams, "stepcollect_collect_runs_total", "outcome", "collected"),
-			scrape.Value(fams, "stepcollect_collect_runs_total", "outcome", "referenced"),
-			scrape.Value(fams, "stepcollect_collect_runs_total", "outcome", "claimed_elsewhere"),
-			scrape.Value(fams, "stepcollect_collect_runs_total", "outcome", "gone"),
-			scrape.Value(fams, "stepcollect_collect_runs_total", "outcome", "error"),
-			scrape.Value(fams, "stepcollect_uncollected_steps"),
-			scrape.Value(fams, "stepcollect_deliveries_total", "outcome", "ok"),
-			scrape.Value(fams, "stepcollect_deliveries_total", "outcome", "http_error"),
-			scrape.Value(fams, "stepcollect_deliveries_total", "outcome", "timeout"))
-	} else {
-		t.Logf("  worker metrics: %v", err)
-	}
-}
-
-// logDigest summarises what the binaries logged (info and above), one line
-// per kind of message, with how often and when, relative to the fault's
-// end.
-func (s *stack) logDigest(t *testing.T, ended time.Time) {
-	procs := []struct {
-		name string
-		p    *testkit.Proc
-	}{{"api", s.api}}
-	s.mu.Lock()
-	for i, w := range s.workers {
-		procs = append(procs, struct {
-			name string
-			p    *testkit.Proc
-		}{fmt.Sprintf("worker#%d", i+1), w})
-	}
-	s.mu.Unlock()
-	type group struct {
-		n                  int
-		first, last        time.Time
-		sample, lastSample string
-	}
-	for _, pr := range procs {
-		groups := map[string]*group{}
-		var keys []string
-		for _, line := range strings.Split(pr.p.Logs(), "\n") {
-			var m map[string]any
-			if json.Unmarshal([]byte(line), &m) != nil {
-				continue
-			}
-			str := func(k string) string { v, _ := m[k].(string); return v }
-			key := fmt.Sprintf("%s [%s] %s", str("level"), str("component"), str("message"))
-			if st, ok := m["status"].(float64); ok {
-				key += fmt.Sprintf(" status=%v", st)
-			}
-			at, _ := time.Parse(time.RFC3339Nano, str("time"))
-			sample := str("error")
-			for _, k := range []string{"examined", "unreferenced", "collected", "count"} {
-				if v, ok := m[k]; ok {
-					sample += fmt.Sprintf(" %s=%v", k, v)
-				}
-			}
-			sample = strings.TrimSpace(sample)
-			g := groups[key]
-			if g == nil {
-				g = &group{first: at, sample: sample}
-				groups[key] = g
-				keys = append(keys, key)
-			}
-			g.n++
-			g.last, g.lastSample = at, sample
-		}
-		sort.Slice(keys, func(i, j int) bool { return groups[keys[i]].first.Before(groups[keys[j]].first) })
-		var b strings.Builder
-		for _, k := range keys {
-			g := groups[k]
-			fmt.Fprintf(&b, "\n  %s ×%d, %v … %v", k, g.n, g.first.Sub(ended).Round(time.Millisecond), g.last.Sub(ended).Round(time.Millisecond))
-			if g.sample != "" {
-				fmt.Fprintf(&b, " (%.160s)", g.sample)
-			}
-			if g.n > 1 && g.lastSample != g.sample {
-				fmt.Fprintf(&b, " (last: %.160s)", g.lastSample)
-			}
-		}
-		t.Logf("%s logged (times from the fault's end):%s", pr.name, b.String())
 	}
 }
