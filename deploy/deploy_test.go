@@ -129,15 +129,12 @@ func TestEveryMetricTheDashboardAndAlertsUseIsExported(t *testing.T) {
 		t.Fatal(err)
 	}
 	db, rs := testkit.NewDB(t, nil), testkit.StartRedis(t)
-	env := []string{"STEPCOLLECT_MYSQL_DSN=" + db.DSN, "STEPCOLLECT_REDIS_URL=" + rs.URL, "STEPCOLLECT_LOG_LEVEL=warn"}
-	apiAddr, workerAddr := testkit.FreeAddr(t), testkit.FreeAddr(t)
-	w := testkit.StartProc(t, bins["worker"], env, "-metrics-listen", workerAddr)
-	testkit.AwaitHTTP(t, w, "http://"+workerAddr+"/readyz", 20*time.Second)
-	a := testkit.StartProc(t, bins["api"], env, "-listen", apiAddr)
-	testkit.AwaitHTTP(t, a, "http://"+apiAddr+"/readyz", 20*time.Second)
+	env := testkit.ServiceEnv(db.DSN, rs.URL, "STEPCOLLECT_LOG_LEVEL=warn")
+	_, workerURL := testkit.StartService(t, bins["worker"], env, "metrics-listen")
+	_, apiURL := testkit.StartService(t, bins["api"], env, "listen")
 
 	exported := map[string]bool{}
-	for _, u := range []string{"http://" + apiAddr + "/metrics", "http://" + workerAddr + "/metrics"} {
+	for _, u := range []string{apiURL + "/metrics", workerURL + "/metrics"} {
 		fams, err := scrape.Families(u)
 		if err != nil {
 			t.Fatal(err)

@@ -181,7 +181,7 @@ func TestTheReferenceListsEveryMetricAndTheBinariesProbeThemselves(t *testing.T)
 	}
 
 	db, rs := testkit.NewDB(t, nil), testkit.StartRedis(t)
-	env := []string{"STEPCOLLECT_MYSQL_DSN=" + db.DSN, "STEPCOLLECT_REDIS_URL=" + rs.URL, "STEPCOLLECT_LOG_LEVEL=warn"}
+	env := testkit.ServiceEnv(db.DSN, rs.URL, "STEPCOLLECT_LOG_LEVEL=warn")
 	apiAddr, workerAddr := testkit.FreeAddr(t), testkit.FreeAddr(t)
 	apiEnv, workerEnv := append(env, "STEPCOLLECT_LISTEN="+apiAddr), append(env, "STEPCOLLECT_METRICS_LISTEN="+workerAddr)
 	w := testkit.StartProc(t, bins["worker"], workerEnv)
@@ -192,8 +192,7 @@ func TestTheReferenceListsEveryMetricAndTheBinariesProbeThemselves(t *testing.T)
 	// the gauge of the last sweep appears once the worker's first sweep
 	// has recorded its findings
 	exported := map[string]bool{}
-	deadline := time.Now().Add(15 * time.Second)
-	for {
+	testkit.Watch(time.Now().Add(15*time.Second), func() bool {
 		for _, u := range []string{"http://" + apiAddr + "/metrics", "http://" + workerAddr + "/metrics"} {
 			fams, err := scrape.Families(u)
 			if err != nil {
@@ -208,11 +207,8 @@ func TestTheReferenceListsEveryMetricAndTheBinariesProbeThemselves(t *testing.T)
 				checkBuildInfo(t, bins["api"], fams)
 			}
 		}
-		if exported["stepcollect_last_sweep_age_seconds"] || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		return exported["stepcollect_last_sweep_age_seconds"] // else the check below names it
+	})
 	for _, n := range sortedKeys(exported) {
 		if !documented[n] {
 			t.Errorf("%s is exported but not in docs/reference.md's Metrics table", n)

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -209,9 +210,10 @@ func StartService(t testing.TB, bin string, env []string, addrFlag string, args 
 }
 
 // ServiceEnv is the environment that points a binary at dsn and redisURL,
-// with extra (NAME=value) after it.
+// with extra (NAME=value) after it. It has no spare capacity, so that two
+// appends to it never share an array.
 func ServiceEnv(dsn, redisURL string, extra ...string) []string {
-	return append([]string{"STEPCOLLECT_MYSQL_DSN=" + dsn, "STEPCOLLECT_REDIS_URL=" + redisURL}, extra...)
+	return slices.Clip(append([]string{"STEPCOLLECT_MYSQL_DSN=" + dsn, "STEPCOLLECT_REDIS_URL=" + redisURL}, extra...))
 }
 
 // LogBuffer keeps what a process writes, safe to read while it writes.
