@@ -31,15 +31,12 @@ func TestFanOutOf300AllReportingAtOnceCommitsEveryResultAndLeavesNothing(t *test
 	b := setup(t, nil)
 	ctx := t.Context()
 	const n = 300
-	step := testkit.FanOut("fanout", n, 1)
-	if err := b.store.StoreStep(ctx, step, time.Now()); err != nil {
-		t.Fatal(err)
-	}
+	step := b.stored(t, "fanout", n, 1)
 
 	results := make([]*nanostorage.StepResult, n)
 	errs := make([]error, n)
 	startTogether(n, func(i int) {
-		results[i], errs[i] = b.store.StoreCommandResponseAndRetrieveCompletedStep(ctx, step.IDs[i], testkit.CommandResult(step.Commands[0].CommandUUID))
+		results[i], errs[i] = b.answer(ctx, step, i, 0)
 	})
 
 	for i := range n {
@@ -122,7 +119,7 @@ func TestOneEnrollmentAnsweringItsFourCommandsConcurrentlyCompletesOnce(t *testi
 	var errs []error
 	startTogether(enrollments*cmds, func(i int) {
 		st := steps[i/cmds]
-		r, err := b.store.StoreCommandResponseAndRetrieveCompletedStep(ctx, st.IDs[0], testkit.CommandResult(st.Commands[i%cmds].CommandUUID))
+		r, err := b.answer(ctx, st, 0, i%cmds)
 		mu.Lock()
 		defer mu.Unlock()
 		if err != nil {
@@ -162,10 +159,7 @@ func TestTwentyCancelsRacingFiftyCompletionsOfASharedStep(t *testing.T) {
 	b := setup(t, nil)
 	ctx := t.Context()
 	const cancels, completes = 20, 50
-	step := testkit.FanOut("race", cancels+completes, 1)
-	if err := b.store.StoreStep(ctx, step, time.Now()); err != nil {
-		t.Fatal(err)
-	}
+	step := b.stored(t, "race", cancels+completes, 1)
 	// unrelated steps, some sharing enrollments, that must survive untouched
 	for i := range 40 {
 		other := testkit.FanOut(fmt.Sprintf("bystander%02d", i), 3, 1)
@@ -185,7 +179,7 @@ func TestTwentyCancelsRacingFiftyCompletionsOfASharedStep(t *testing.T) {
 		if i < cancels {
 			err = b.store.CancelSteps(ctx, step.IDs[i], step.WorkflowName)
 		} else {
-			r, err = b.store.StoreCommandResponseAndRetrieveCompletedStep(ctx, step.IDs[i], testkit.CommandResult(step.Commands[0].CommandUUID))
+			r, err = b.answer(ctx, step, i, 0)
 		}
 		mu.Lock()
 		defer mu.Unlock()
@@ -349,7 +343,7 @@ func TestCrashBetweenCommitAndCollectionLeavesAStepALaterCollectReclaims(t *test
 	errs := make([]error, len(step.IDs))
 	startTogether(len(step.IDs), func(i int) {
 		var r *nanostorage.StepResult
-		r, errs[i] = b.store.StoreCommandResponseAndRetrieveCompletedStep(ctx, step.IDs[i], testkit.CommandResult(step.Commands[0].CommandUUID))
+		r, errs[i] = b.answer(ctx, step, i, 0)
 		if errs[i] == nil && r == nil {
 			errs[i] = errors.New("not completed")
 		}
@@ -424,10 +418,7 @@ func TestLockWaitTimeoutIsRetriedNotSurfaced(t *testing.T) {
 	db := testkit.NewDB(t, &testkit.DBOptions{LockWaitTimeout: 1})
 	b := setup(t, &setupOpts{db: db})
 	ctx := t.Context()
-	step := testkit.FanOut("lockwait", 1, 1)
-	if err := b.store.StoreStep(ctx, step, time.Now()); err != nil {
-		t.Fatal(err)
-	}
+	step := b.stored(t, "lockwait", 1, 1)
 	blocker, err := b.db.BeginTx(ctx, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -445,7 +436,7 @@ func TestLockWaitTimeoutIsRetriedNotSurfaced(t *testing.T) {
 			time.Sleep(20 * time.Millisecond)
 		}
 	}()
-	r, err := b.store.StoreCommandResponseAndRetrieveCompletedStep(ctx, step.IDs[0], testkit.CommandResult(step.Commands[0].CommandUUID))
+	r, err := b.answer(ctx, step, 0, 0)
 	if err != nil || r == nil {
 		t.Fatalf("result after a lock wait timeout: %v, %v", r, err)
 	}

@@ -67,6 +67,13 @@ func newFaultDB(t *testing.T, db *testkit.DB) (*sql.DB, *faultConnector) {
 	return fdb, fc
 }
 
+// arm sets the faults to come, under the connector's lock.
+func (c *faultConnector) arm(set func(*faultConnector)) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	set(c)
+}
+
 func (c *faultConnector) Driver() driver.Driver { return c.base.Driver() }
 
 func (c *faultConnector) Connect(ctx context.Context) (driver.Conn, error) {
@@ -234,15 +241,12 @@ func setupFaulty(t *testing.T, extra ...stepmysql.Option) (*bundle, *faultConnec
 func TestConnectionKilledMidTransactionIsRetriedAndTheResultCommitted(t *testing.T) {
 	b, fc := setupFaulty(t)
 	ctx := t.Context()
-	step := testkit.FanOut("killed", 2, 1)
-	if err := b.store.StoreStep(ctx, step, time.Now()); err != nil {
-		t.Fatal(err)
-	}
-	fc.mu.Lock()
-	fc.killBefore = "DELETE FROM id_commands WHERE enrollment_id = ? AND step_id = ?"
-	fc.mu.Unlock()
+	step := b.stored(t, "killed", 2, 1)
+	fc.arm(func(fc *faultConnector) {
+		fc.killBefore = "DELETE FROM id_commands WHERE enrollment_id = ? AND step_id = ?"
+	})
 
-	r, err := b.store.StoreCommandResponseAndRetrieveCompletedStep(ctx, step.IDs[0], testkit.CommandResult(step.Commands[0].CommandUUID))
+	r, err := b.answer(ctx, step, 0, 0)
 	if err != nil || r == nil {
 		t.Fatalf("result across a killed connection: %v, %v", r, err)
 	}
@@ -266,25 +270,18 @@ func TestConnectionKilledMidTransactionIsRetriedAndTheResultCommitted(t *testing
 func TestLostCommitAnswerOnTheCompletingResultStillReturnsTheStep(t *testing.T) {
 	b, fc := setupFaulty(t, stepmysql.WithOutbox())
 	ctx := t.Context()
-	step := testkit.FanOut("lostcommit", 1, 2)
-	if err := b.store.StoreStep(ctx, step, time.Now()); err != nil {
-		t.Fatal(err)
-	}
+	step := b.stored(t, "lostcommit", 1, 2)
 
 	// first command, with its commit answer lost: a retry re-records it
-	fc.mu.Lock()
-	fc.loseCommits = 1
-	fc.mu.Unlock()
-	r, err := b.store.StoreCommandResponseAndRetrieveCompletedStep(ctx, step.IDs[0], testkit.CommandResult(step.Commands[0].CommandUUID))
+	fc.arm(func(fc *faultConnector) { fc.loseCommits = 1 })
+	r, err := b.answer(ctx, step, 0, 0)
 	if err != nil || r != nil {
 		t.Fatalf("first command: %v, %v; want stored, not complete", r, err)
 	}
 
 	// last command, with its commit answer lost: the step comes back anyway
-	fc.mu.Lock()
-	fc.loseCommits = 1
-	fc.mu.Unlock()
-	r, err = b.store.StoreCommandResponseAndRetrieveCompletedStep(ctx, step.IDs[0], testkit.CommandResult(step.Commands[1].CommandUUID))
+	fc.arm(func(fc *faultConnector) { fc.loseCommits = 1 })
+	r, err = b.answer(ctx, step, 0, 1)
 	if err != nil || r == nil {
 		t.Fatalf("last command: %v, %v; want the completed step", r, err)
 	}

@@ -40,9 +40,9 @@ func TestARetriedTimeoutReportsEachEnrollmentOnce(t *testing.T) {
 	if err := b.store.StoreStep(ctx, step, time.Now()); err != nil {
 		t.Fatal(err)
 	}
-	fc.mu.Lock()
-	fc.failBefore, fc.failErr = "DELETE FROM steps WHERE id IN", injectedDeadlock
-	fc.mu.Unlock()
+	fc.arm(func(fc *faultConnector) {
+		fc.failBefore, fc.failErr = "DELETE FROM steps WHERE id IN", injectedDeadlock
+	})
 
 	got, err := b.store.RetrieveTimedOutSteps(ctx)
 	if err != nil {
@@ -74,9 +74,9 @@ func TestARetriedTimeoutWritesAndHandsOffEachEventOnce(t *testing.T) {
 	if err := b.store.StoreStep(ctx, step, time.Now()); err != nil {
 		t.Fatal(err)
 	}
-	fc.mu.Lock()
-	fc.failBefore, fc.failErr = "DELETE FROM steps WHERE id IN", injectedDeadlock
-	fc.mu.Unlock()
+	fc.arm(func(fc *faultConnector) {
+		fc.failBefore, fc.failErr = "DELETE FROM steps WHERE id IN", injectedDeadlock
+	})
 
 	n, err := b.store.TimeOutSteps(ctx, time.Now())
 	if err != nil {
@@ -102,9 +102,9 @@ func TestAFailedDueEventHandsOffNothing(t *testing.T) {
 	if err := b.store.StoreStep(ctx, step, time.Now()); err != nil {
 		t.Fatal(err)
 	}
-	fc.mu.Lock()
-	fc.failBefore, fc.failErr = "INSERT INTO stepcollect_outbox", &mysql.MySQLError{Number: 1146, Message: "Table doesn't exist (injected)"}
-	fc.mu.Unlock()
+	fc.arm(func(fc *faultConnector) {
+		fc.failBefore, fc.failErr = "INSERT INTO stepcollect_outbox", &mysql.MySQLError{Number: 1146, Message: "Table doesn't exist (injected)"}
+	})
 
 	n, err := b.store.SendDueSteps(ctx, time.Now())
 	if err == nil || n != 0 {
@@ -132,9 +132,7 @@ func TestARetriedDueBatchReturnsEachStepOnce(t *testing.T) {
 		}
 	}
 	// the deadlock is reported by COMMIT, after the batch was built
-	fc.mu.Lock()
-	fc.refuseCommits, fc.refuseErr = 1, injectedDeadlock
-	fc.mu.Unlock()
+	fc.arm(func(fc *faultConnector) { fc.refuseCommits, fc.refuseErr = 1, injectedDeadlock })
 	got, err := b.store.RetrieveStepsToEnqueue(ctx, time.Now())
 	if err != nil {
 		t.Fatal(err)
@@ -166,10 +164,7 @@ func assertSinkRefsExist(t *testing.T, b *bundle, sink *recordingSink, want int)
 func TestALostCommitAnswerWithTheRowsCancelledMeanwhileIsNoCompletion(t *testing.T) {
 	b, fc := setupFaulty(t, stepmysql.WithOutbox())
 	ctx := t.Context()
-	step := testkit.FanOut("lostcancel", 1, 1)
-	if err := b.store.StoreStep(ctx, step, time.Now()); err != nil {
-		t.Fatal(err)
-	}
+	step := b.stored(t, "lostcancel", 1, 1)
 	fc.mu.Lock()
 	fc.dropCommits = 1
 	fc.betweenTries = func() {
@@ -179,7 +174,7 @@ func TestALostCommitAnswerWithTheRowsCancelledMeanwhileIsNoCompletion(t *testing
 	}
 	fc.mu.Unlock()
 
-	r, err := b.store.StoreCommandResponseAndRetrieveCompletedStep(ctx, step.IDs[0], testkit.CommandResult(step.Commands[0].CommandUUID))
+	r, err := b.answer(ctx, step, 0, 0)
 	if fc.dropped != 1 {
 		t.Fatalf("dropped %d COMMITs, want 1: the fault never happened", fc.dropped)
 	}
@@ -203,10 +198,7 @@ func TestAServerErrorReplyToCommitIsNotAnAmbiguousCommit(t *testing.T) {
 			// without the outbox: only the reply itself can tell
 			b, fc := setupFaulty(t)
 			ctx := t.Context()
-			step := testkit.FanOut("refused", 1, 1)
-			if err := b.store.StoreStep(ctx, step, time.Now()); err != nil {
-				t.Fatal(err)
-			}
+			step := b.stored(t, "refused", 1, 1)
 			fc.mu.Lock()
 			fc.refuseCommits, fc.refuseErr = 1, &mysql.MySQLError{Number: code, Message: "injected"}
 			fc.betweenTries = func() {
@@ -215,7 +207,7 @@ func TestAServerErrorReplyToCommitIsNotAnAmbiguousCommit(t *testing.T) {
 				}
 			}
 			fc.mu.Unlock()
-			r, err := b.store.StoreCommandResponseAndRetrieveCompletedStep(ctx, step.IDs[0], testkit.CommandResult(step.Commands[0].CommandUUID))
+			r, err := b.answer(ctx, step, 0, 0)
 			if fc.refused != 1 {
 				t.Fatalf("refused %d COMMITs, want 1", fc.refused)
 			}
@@ -231,14 +223,9 @@ func TestAServerErrorReplyToCommitIsNotAnAmbiguousCommit(t *testing.T) {
 func TestALostCommitAnswerWithoutTheOutboxIsAnErrorNotAGuess(t *testing.T) {
 	b, fc := setupFaulty(t)
 	ctx := t.Context()
-	step := testkit.FanOut("lostlib", 1, 1)
-	if err := b.store.StoreStep(ctx, step, time.Now()); err != nil {
-		t.Fatal(err)
-	}
-	fc.mu.Lock()
-	fc.loseCommits = 1
-	fc.mu.Unlock()
-	r, err := b.store.StoreCommandResponseAndRetrieveCompletedStep(ctx, step.IDs[0], testkit.CommandResult(step.Commands[0].CommandUUID))
+	step := b.stored(t, "lostlib", 1, 1)
+	fc.arm(func(fc *faultConnector) { fc.loseCommits = 1 })
+	r, err := b.answer(ctx, step, 0, 0)
 	if fc.lost != 1 {
 		t.Fatalf("lost %d COMMIT answers, want 1", fc.lost)
 	}
@@ -253,9 +240,7 @@ func TestStoreStepAfterALostCommitAnswerReturnsItsStep(t *testing.T) {
 	b, fc := setupFaulty(t)
 	ctx := t.Context()
 	step := testkit.FanOut("storelost", 3, 2)
-	fc.mu.Lock()
-	fc.loseCommits = 1
-	fc.mu.Unlock()
+	fc.arm(func(fc *faultConnector) { fc.loseCommits = 1 })
 	id, err := b.store.StoreStepID(ctx, step, time.Now())
 	if fc.lost != 1 {
 		t.Fatalf("lost %d COMMIT answers, want 1", fc.lost)
@@ -278,9 +263,7 @@ func TestStoreStepAfterADroppedCommitStoresItOnce(t *testing.T) {
 	b, fc := setupFaulty(t)
 	ctx := t.Context()
 	step := testkit.FanOut("storedropped", 3, 2)
-	fc.mu.Lock()
-	fc.dropCommits = 1
-	fc.mu.Unlock()
+	fc.arm(func(fc *faultConnector) { fc.dropCommits = 1 })
 	id, err := b.store.StoreStepID(ctx, step, time.Now())
 	if fc.dropped != 1 {
 		t.Fatalf("dropped %d COMMITs, want 1", fc.dropped)

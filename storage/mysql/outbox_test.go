@@ -87,14 +87,9 @@ func TestLostCommitAnswerStillWritesOneEvent(t *testing.T) {
 	b, fc := setupFaulty(t)
 	b = setup(t, &setupOpts{db: b.db, extra: []mysql.Option{mysql.WithOutbox()}})
 	ctx := t.Context()
-	step := testkit.FanOut("lostevent", 1, 1)
-	if err := b.store.StoreStep(ctx, step, time.Now()); err != nil {
-		t.Fatal(err)
-	}
-	fc.mu.Lock()
-	fc.loseCommits = 1
-	fc.mu.Unlock()
-	r, err := b.store.StoreCommandResponseAndRetrieveCompletedStep(ctx, step.IDs[0], testkit.CommandResult(step.Commands[0].CommandUUID))
+	step := b.stored(t, "lostevent", 1, 1)
+	fc.arm(func(fc *faultConnector) { fc.loseCommits = 1 })
+	r, err := b.answer(ctx, step, 0, 0)
 	if err != nil || r == nil {
 		t.Fatalf("%v, %v", r, err)
 	}
@@ -160,7 +155,7 @@ func TestTimeOutStepsWritesOneEventPerEnrollmentAsItStood(t *testing.T) {
 	for _, c := range step.Commands {
 		b.store.StoreCommandResponseAndRetrieveCompletedStep(ctx, step.IDs[0], testkit.CommandResult(c.CommandUUID))
 	}
-	b.store.StoreCommandResponseAndRetrieveCompletedStep(ctx, step.IDs[1], testkit.CommandResult(step.Commands[0].CommandUUID))
+	b.answer(ctx, step, 1, 0)
 	sink.refs = nil
 
 	n, err := b.store.TimeOutSteps(ctx, time.Now())
@@ -236,7 +231,7 @@ func TestClaimEventIsExclusiveUntilItsLeaseRunsOut(t *testing.T) {
 	ctx := t.Context()
 	step := testkit.FanOut("claim", 1, 1)
 	b.store.StoreStep(ctx, step, time.Now())
-	b.store.StoreCommandResponseAndRetrieveCompletedStep(ctx, step.IDs[0], testkit.CommandResult(step.Commands[0].CommandUUID))
+	b.answer(ctx, step, 0, 0)
 	if len(sink.refs) != 1 {
 		t.Fatalf("sink told of %d events", len(sink.refs))
 	}

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	nanostorage "github.com/micromdm/nanocmd/engine/storage"
 	"github.com/rs/zerolog"
 
 	"github.com/stepcollect/stepcollect/internal/testkit"
@@ -58,6 +59,21 @@ func setup(t *testing.T, o *setupOpts) *bundle {
 		t.Fatal(err)
 	}
 	return &bundle{db: db, store: s, obs: obs}
+}
+
+// stored is testkit.FanOut(prefix, n, cmds), stored.
+func (b *bundle) stored(t *testing.T, prefix string, n, cmds int) *nanostorage.StepEnqueuingWithConfig {
+	t.Helper()
+	step := testkit.FanOut(prefix, n, cmds)
+	if err := b.store.StoreStep(t.Context(), step, time.Now()); err != nil {
+		t.Fatalf("storing step %s: %v", prefix, err)
+	}
+	return step
+}
+
+// answer stores enrollment i's completed result for command c of step.
+func (b *bundle) answer(ctx context.Context, step *nanostorage.StepEnqueuingWithConfig, i, c int) (*nanostorage.StepResult, error) {
+	return b.store.StoreCommandResponseAndRetrieveCompletedStep(ctx, step.IDs[i], testkit.CommandResult(step.Commands[c].CommandUUID))
 }
 
 // loadNanoCMDSchema creates NanoCMD v0.7.1's tables exactly as its

@@ -20,10 +20,7 @@ import (
 func TestStoreStepConflictNamesTheEnrollmentAndCommandAndWritesNothing(t *testing.T) {
 	b := setup(t, nil)
 	ctx := t.Context()
-	first := testkit.FanOut("conflict", 3, 1)
-	if err := b.store.StoreStep(ctx, first, time.Now()); err != nil {
-		t.Fatal(err)
-	}
+	first := b.stored(t, "conflict", 3, 1)
 	before := countRows(t, b.db.DB)
 
 	// 2500 ids (three INSERT chunks), the last of which collides
