@@ -192,29 +192,6 @@ func TestAPanicIsA500WithTheRequestIDLogged(t *testing.T) {
 
 func itoa(n int64) string { b, _ := json.Marshal(n); return string(b) }
 
-// stepJSON is a /v1/steps body of n ids and m commands, written straight
-// into a buffer: 40,000 x 2,000 is a few MB of JSON, not 80 million of
-// anything.
-func stepJSON(n, m int) string {
-	var b strings.Builder
-	b.WriteString(`{"workflow_name":"wf.big","instance_id":"i","ids":[`)
-	for i := range n {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		fmt.Fprintf(&b, `"ID-%d"`, i)
-	}
-	b.WriteString(`],"commands":[`)
-	for i := range m {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		fmt.Fprintf(&b, `{"command_uuid":"BIG-%d","request_type":"DeviceInformation"}`, i)
-	}
-	b.WriteString(`]}`)
-	return b.String()
-}
-
 // The issue's step (40,000 ids x 2,000 commands) is refused at the default
 // limits in well under a second, by a 413 naming the count, the limit and
 // the flag, and nothing is written.
@@ -222,7 +199,7 @@ func TestV1StepsOverTheDefaultLimitsIs413AndWritesNothing(t *testing.T) {
 	b := setup(t, nil)
 	before := snapshot(t, b.db.DB)
 	start := time.Now()
-	status, body := b.client.V1(t, "POST", "/v1/steps", stepJSON(40_000, 2_000))
+	status, body := b.client.V1(t, "POST", "/v1/steps", string(testkit.V1StepJSON(40_000, 2_000)))
 	msg, _ := body["error"].(string)
 	want := "ids x commands: 80000000 rows, more than the 1000000 allowed (-max-step-rows)"
 	if status != http.StatusRequestEntityTooLarge || msg != want {
@@ -263,9 +240,9 @@ func TestV1StepsLimitsNameTheFieldTheCountTheLimitAndTheFlag(t *testing.T) {
 		body string
 		want string
 	}{
-		{"ids", stepJSON(11, 1), `{"error":"ids: 11 ids, more than the 10 allowed (-max-step-ids)"`},
-		{"commands", stepJSON(1, 4), `{"error":"commands: 4 commands, more than the 3 allowed (-max-step-commands)"`},
-		{"rows", stepJSON(7, 3), `{"error":"ids x commands: 21 rows, more than the 20 allowed (-max-step-rows)"`},
+		{"ids", string(testkit.V1StepJSON(11, 1)), `{"error":"ids: 11 ids, more than the 10 allowed (-max-step-ids)"`},
+		{"commands", string(testkit.V1StepJSON(1, 4)), `{"error":"commands: 4 commands, more than the 3 allowed (-max-step-commands)"`},
+		{"rows", string(testkit.V1StepJSON(7, 3)), `{"error":"ids x commands: 21 rows, more than the 20 allowed (-max-step-rows)"`},
 		{"a million commands", `{"workflow_name":"w","instance_id":"i","ids":["A"],"commands":[{}` + strings.Repeat(`,{}`, 999_999) + `]}`,
 			`{"error":"ids x commands: 1000000 rows, more than the 20 allowed (-max-step-rows)"`},
 		{"a million ids, commands first", `{"commands":[{"command_uuid":"U"}],"ids":[""` + strings.Repeat(`,""`, 999_999) + `]}`,
@@ -281,7 +258,7 @@ func TestV1StepsLimitsNameTheFieldTheCountTheLimitAndTheFlag(t *testing.T) {
 			t.Errorf("%s: %d %s, want %d %s…", tc.name, status, raw, wantStatus, tc.want)
 		}
 	}
-	if status, raw := post(stepJSON(10, 2)); status != http.StatusCreated {
+	if status, raw := post(string(testkit.V1StepJSON(10, 2))); status != http.StatusCreated {
 		t.Errorf("10 ids x 2 commands, at every limit: %d %s, want 201", status, raw)
 	}
 }
@@ -413,7 +390,7 @@ func TestBodyBudgetWaitDoesNotCostARequestItsTimeouts(t *testing.T) {
 	// The first holds the whole budget in its handler (the store).
 	first := make(chan int, 1)
 	go func() {
-		req, _ := http.NewRequest("POST", srv.URL+"/v1/steps", strings.NewReader(stepJSON(1, 1)+strings.Repeat(" ", 20<<10)))
+		req, _ := http.NewRequest("POST", srv.URL+"/v1/steps", strings.NewReader(string(testkit.V1StepJSON(1, 1))+strings.Repeat(" ", 20<<10)))
 		req.Header.Set("Authorization", "Bearer "+apiKey)
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {

@@ -131,28 +131,6 @@ func nestedXMLPlist(depth int) []byte {
 	return b.Bytes()
 }
 
-// bigStep is a /v1/steps body of n ids and m commands, written straight
-// into a buffer.
-func bigStep(n, m int) []byte {
-	var b bytes.Buffer
-	b.WriteString(`{"workflow_name":"hostile","instance_id":"i","ids":[`)
-	for i := range n {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		fmt.Fprintf(&b, `"ID-%d"`, i)
-	}
-	b.WriteString(`],"commands":[`)
-	for i := range m {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		fmt.Fprintf(&b, `{"command_uuid":"C-%d","request_type":"DeviceInformation","command":"PHBsaXN0Lz4="}`, i)
-	}
-	b.WriteString(`]}`)
-	return b.Bytes()
-}
-
 func stepAt(field, at string) []byte {
 	return fmt.Appendf(nil, `{"workflow_name":"hostile","instance_id":"i","ids":["A"],"commands":[{"command_uuid":"T-%s","request_type":"DeviceInformation"}],%q:%q}`,
 		field, field, at)
@@ -179,7 +157,7 @@ func TestHostileInputsGetA4xxAndTheAPIStaysUp(t *testing.T) {
 		{"c: bplist top object out of range", "/webhook", connect("C", bplist(1, 7, []byte{0x08})), 400, "acknowledge_event.raw_payload"},
 		{"d: bplist object refs of 9 bytes", "/webhook", connect("D", bplist(9, 0, append([]byte{0xA1}, make([]byte, 9)...))), 400, "acknowledge_event.raw_payload"},
 		{"e: XML plist 200,000 arrays deep", "/webhook", connect("E", nestedXMLPlist(200_000)), 400, "acknowledge_event.raw_payload"},
-		{"f: 40,000 ids x 2,000 commands", "/v1/steps", bigStep(40_000, 2_000), 413, "ids x commands: 80000000 rows"},
+		{"f: 40,000 ids x 2,000 commands", "/v1/steps", testkit.V1StepJSON(40_000, 2_000), 413, "ids x commands: 80000000 rows"},
 		{"g: timeout past 2038", "/v1/steps", stepAt("timeout", "2040-01-01T00:00:00Z"), 400, "timeout"},
 		{"g: not_until before 1970", "/v1/steps", stepAt("not_until", "1960-01-01T00:00:00Z"), 400, "not_until"},
 	} {
@@ -331,23 +309,11 @@ func TestAPIHelpShowsNoSecretFromTheEnvironment(t *testing.T) {
 }
 
 func TestAPIRefusesBadLimitFlagsInOneLineNamingThem(t *testing.T) {
-	for _, tc := range []struct {
-		args []string
-		env  string
-		want string
-	}{
-		{[]string{"-max-inflight-body-bytes", "1048576"}, "", "-max-inflight-body-bytes: 1048576 is less than -max-body-bytes (33554432)"},
-		{[]string{"-max-body-bytes", "4096", "-max-inflight-body-bytes", "4095"}, "", "-max-inflight-body-bytes: 4095 is less than -max-body-bytes (4096)"},
-		{[]string{"-max-step-rows", "0"}, "", "-max-step-rows: 0 is less than 1"},
-		{[]string{"-max-step-commands", "-1"}, "", "-max-step-commands: -1 is less than 1"},
-		{nil, "STEPCOLLECT_MAX_STEP_IDS=lots", `-max-step-ids: STEPCOLLECT_MAX_STEP_IDS="lots" is not a whole number`},
-	} {
-		cmd := exec.Command(apiBin, tc.args...)
-		cmd.Env = append(os.Environ(), tc.env)
-		out, err := cmd.CombinedOutput()
-		line := strings.TrimSpace(string(out))
-		if err == nil || strings.Contains(line, "\n") || !strings.Contains(line, tc.want) {
-			t.Errorf("%v %s: %v %q, want one line containing %q", tc.args, tc.env, err, line, tc.want)
-		}
-	}
+	testkit.CheckRefuses(t, apiBin, []testkit.BadFlag{
+		{Args: []string{"-max-inflight-body-bytes", "1048576"}, Want: "-max-inflight-body-bytes: 1048576 is less than -max-body-bytes (33554432)"},
+		{Args: []string{"-max-body-bytes", "4096", "-max-inflight-body-bytes", "4095"}, Want: "-max-inflight-body-bytes: 4095 is less than -max-body-bytes (4096)"},
+		{Args: []string{"-max-step-rows", "0"}, Want: "-max-step-rows: 0 is less than 1"},
+		{Args: []string{"-max-step-commands", "-1"}, Want: "-max-step-commands: -1 is less than 1"},
+		{Env: "STEPCOLLECT_MAX_STEP_IDS=lots", Want: `-max-step-ids: STEPCOLLECT_MAX_STEP_IDS="lots" is not a whole number`},
+	})
 }

@@ -3,9 +3,6 @@ package main_test
 import (
 	"database/sql"
 	"fmt"
-	"os"
-	"os/exec"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -141,30 +138,11 @@ func TestWorkerStopsCleanlyOnSIGTERM(t *testing.T) {
 }
 
 func TestWorkerRejectsABadFlagInOneLineNamingIt(t *testing.T) {
-	for _, tc := range []struct {
-		args []string
-		env  string
-		want string
-	}{
-		{[]string{"-sweep-interval", "soon"}, "", `-sweep-interval`},
-		{[]string{"-mysql-dsn", "nonsense"}, "", "-mysql-dsn: "},
-		{[]string{"-redis-url", "http://example"}, "", "-redis-url: "},
-		{nil, "STEPCOLLECT_SWEEP_INTERVAL=zz", "-sweep-interval: STEPCOLLECT_SWEEP_INTERVAL=\"zz\""},
-		{[]string{"-metrics-listen", "nowhere"}, "", "-metrics-listen: "},
-	} {
-		cmd := exec.Command(workerBin, tc.args...)
-		cmd.Env = os.Environ()
-		if tc.env != "" {
-			cmd.Env = append(cmd.Env, tc.env)
-		}
-		out, err := cmd.CombinedOutput()
-		if err == nil {
-			t.Errorf("%v %s: started", tc.args, tc.env)
-			continue
-		}
-		line := strings.TrimSpace(string(out))
-		if strings.Count(line, "\n") > 0 || !strings.Contains(line, tc.want) {
-			t.Errorf("%v %s: said %q, want one line containing %q", tc.args, tc.env, line, tc.want)
-		}
-	}
+	testkit.CheckRefuses(t, workerBin, []testkit.BadFlag{
+		{Args: []string{"-sweep-interval", "soon"}, Want: `-sweep-interval`},
+		{Args: []string{"-mysql-dsn", "nonsense"}, Want: "-mysql-dsn: "},
+		{Args: []string{"-redis-url", "http://example"}, Want: "-redis-url: "},
+		{Env: "STEPCOLLECT_SWEEP_INTERVAL=zz", Want: "-sweep-interval: STEPCOLLECT_SWEEP_INTERVAL=\"zz\""},
+		{Args: []string{"-metrics-listen", "nowhere"}, Want: "-metrics-listen: "},
+	})
 }

@@ -270,3 +270,33 @@ func Main(m *testing.M, binDirEnv string, race bool, use func(bins map[string]st
 	os.RemoveAll(dir)
 	os.Exit(code)
 }
+
+// BadFlag is a command line a binary must refuse, and what its one line of
+// complaint must contain.
+type BadFlag struct {
+	Args []string
+	Env  string // NAME=value, if any
+	Want string
+}
+
+// CheckRefuses runs bin once per case and fails t unless each exits with an
+// error and one line containing its Want.
+func CheckRefuses(t testing.TB, bin string, cases []BadFlag) {
+	t.Helper()
+	for _, tc := range cases {
+		cmd := exec.Command(bin, tc.Args...)
+		cmd.Env = os.Environ()
+		if tc.Env != "" {
+			cmd.Env = append(cmd.Env, tc.Env)
+		}
+		out, err := cmd.CombinedOutput()
+		line := strings.TrimSpace(string(out))
+		if err == nil {
+			t.Errorf("%v %s: started (%q), want it refused", tc.Args, tc.Env, line)
+			continue
+		}
+		if strings.Contains(line, "\n") || !strings.Contains(line, tc.Want) {
+			t.Errorf("%v %s: %v %q, want one line containing %q", tc.Args, tc.Env, err, line, tc.Want)
+		}
+	}
+}

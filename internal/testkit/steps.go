@@ -1,6 +1,7 @@
 package testkit
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"testing"
@@ -86,4 +87,27 @@ func V1FanOut(prefix string, n int) (map[string]any, []string) {
 		ids[i] = fmt.Sprintf("%s-%04d", prefix, i)
 	}
 	return V1Step(prefix, ids, prefix+"-CMD"), ids
+}
+
+// V1StepJSON is a POST /v1/steps body of n ids and m commands, written
+// straight into a buffer: 40,000 x 2,000 is a few MB of JSON, not 80
+// million of anything.
+func V1StepJSON(n, m int) []byte {
+	var b bytes.Buffer
+	b.WriteString(`{"workflow_name":"wf.big","instance_id":"i","ids":[`)
+	for i := range n {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, `"ID-%d"`, i)
+	}
+	b.WriteString(`],"commands":[`)
+	for i := range m {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, `{"command_uuid":"BIG-%d","request_type":"DeviceInformation"}`, i)
+	}
+	b.WriteString(`]}`)
+	return b.Bytes()
 }
