@@ -15,10 +15,8 @@ import (
 	"github.com/stepcollect/stepcollect/internal/testkit"
 )
 
-var bins map[string]string
-
 func TestMain(m *testing.M) {
-	testkit.Main(m, "STEPCOLLECT_E2E_BINDIR", true, func(b map[string]string) { bins = b }, "cmd/api", "cmd/worker")
+	testkit.MainServices(m, "STEPCOLLECT_E2E_BINDIR", true)
 }
 
 const (
@@ -32,7 +30,7 @@ func startStack(t *testing.T) *testkit.Stack {
 	t.Helper()
 	db, rs := testkit.NewDB(t, nil), testkit.StartRedis(t)
 	return testkit.StartStack(t, testkit.StackConfig{
-		Bins: bins, DSN: db.DSN, RedisURL: rs.URL, DB: db.DB, APIKey: apiKey,
+		DSN: db.DSN, RedisURL: rs.URL, DB: db.DB, APIKey: apiKey,
 		Env: []string{"STEPCOLLECT_LOG_LEVEL=warn"}, APIEnv: []string{"STEPCOLLECT_WEBHOOK_HMAC_KEY=" + hmacKey},
 	})
 }

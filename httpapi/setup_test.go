@@ -48,10 +48,7 @@ func setup(t *testing.T, o *setupOpts) *bundle {
 	if o == nil {
 		o = &setupOpts{}
 	}
-	db := o.db
-	if db == nil {
-		db = testkit.NewDB(t, nil)
-	}
+	db := o.db.OrNew(t)
 	storeDB := o.storeDB
 	if storeDB == nil {
 		storeDB = db.DB

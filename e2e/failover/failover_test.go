@@ -31,13 +31,11 @@ import (
 	"github.com/stepcollect/stepcollect/internal/testkit"
 )
 
-var bins map[string]string
-
 // TestMain builds the binaries without the race detector (the bounds are
 // about the service's own timing), or uses those in
 // STEPCOLLECT_FAILOVER_BINDIR.
 func TestMain(m *testing.M) {
-	testkit.Main(m, "STEPCOLLECT_FAILOVER_BINDIR", false, func(b map[string]string) { bins = b }, "cmd/api", "cmd/worker")
+	testkit.MainServices(m, "STEPCOLLECT_FAILOVER_BINDIR", false)
 }
 
 // bound is guarantee 8: from the end of a fault to every step collected
@@ -58,7 +56,7 @@ func enrollments() int {
 // enrollment's step.completed; db is the test's own view of the database.
 func startStack(t *testing.T, dsn, redisURL string, db *sql.DB) *testkit.Stack {
 	t.Helper()
-	s := testkit.StartStack(t, testkit.StackConfig{Bins: bins, DSN: dsn, RedisURL: redisURL, DB: db, APIKey: apiKey,
+	s := testkit.StartStack(t, testkit.StackConfig{DSN: dsn, RedisURL: redisURL, DB: db, APIKey: apiKey,
 		Receiver: &testkit.ReceiverOptions{CompletionsOnly: true}})
 	// NanoMDM's webhook client gives up after 30 s (and does not resend)
 	s.Client.WithTimeout(30 * time.Second)

@@ -17,12 +17,10 @@ import (
 	"github.com/stepcollect/stepcollect/internal/testkit"
 )
 
-var bins map[string]string
-
 // TestMain builds the binaries, or uses those in STEPCOLLECT_PACE_BINDIR
 // (to run this test against another build, such as an older commit's).
 func TestMain(m *testing.M) {
-	testkit.Main(m, "STEPCOLLECT_PACE_BINDIR", false, func(b map[string]string) { bins = b }, "cmd/api", "cmd/worker")
+	testkit.MainServices(m, "STEPCOLLECT_PACE_BINDIR", false)
 }
 
 func envInt(name string, def int) int {
@@ -48,7 +46,7 @@ func TestNoStepStrandsWithTheSweeperOff(t *testing.T) {
 	rounds, n := envInt("STEPCOLLECT_PACE_ROUNDS", 20), envInt("STEPCOLLECT_PACE_N", 3000)
 	db, rs := testkit.NewDB(t, nil), testkit.StartRedis(t)
 	s := testkit.StartStack(t, testkit.StackConfig{
-		Bins: bins, DSN: db.DSN, RedisURL: rs.URL, DB: db.DB, APIKey: apiKey, Env: []string{"STEPCOLLECT_LOG_LEVEL=warn"},
+		DSN: db.DSN, RedisURL: rs.URL, DB: db.DB, APIKey: apiKey, Env: []string{"STEPCOLLECT_LOG_LEVEL=warn"},
 		WorkerArgs: []string{"-sweep-interval", "0", "-schedule-interval", "1s"},
 		Receiver:   &testkit.ReceiverOptions{CompletionsOnly: true},
 	})

@@ -38,13 +38,11 @@ import (
 	"github.com/stepcollect/stepcollect/tasks"
 )
 
-var bins map[string]string
-
 // TestMain builds the binaries without the race detector (the bound is
 // about the service's own timing), or uses those in
 // STEPCOLLECT_RECOVERY_BINDIR.
 func TestMain(m *testing.M) {
-	testkit.Main(m, "STEPCOLLECT_RECOVERY_BINDIR", false, func(b map[string]string) { bins = b }, "cmd/api", "cmd/worker")
+	testkit.MainServices(m, "STEPCOLLECT_RECOVERY_BINDIR", false)
 }
 
 const (
@@ -174,7 +172,7 @@ func startStack(t *testing.T, o stackOptions) *stack {
 		dsn = cfg.FormatDSN()
 	}
 	// nothing else: every other flag at its default
-	s.Stack = testkit.StartStack(t, testkit.StackConfig{Bins: bins, DSN: dsn, RedisURL: s.redis.URL, DB: db.DB, APIKey: apiKey,
+	s.Stack = testkit.StartStack(t, testkit.StackConfig{DSN: dsn, RedisURL: s.redis.URL, DB: db.DB, APIKey: apiKey,
 		Receiver: &testkit.ReceiverOptions{Delay: o.receiverDelay, CompletionsOnly: true}})
 	return s
 }

@@ -137,6 +137,16 @@ func NewDB(t testing.TB, opts *DBOptions) *DB {
 	return &DB{DB: db, Name: name, DSN: dsn}
 }
 
+// OrNew is db, or a new database for t when db is nil: for setups that
+// take a database or make one.
+func (db *DB) OrNew(t testing.TB) *DB {
+	t.Helper()
+	if db != nil {
+		return db
+	}
+	return NewDB(t, nil)
+}
+
 // StepRows is what the three step tables hold.
 type StepRows struct{ Steps, IDCommands, StepCommands int }
 

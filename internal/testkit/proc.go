@@ -234,6 +234,17 @@ func (s *LogBuffer) String() string {
 	return s.b.String()
 }
 
+// services are the api and worker binaries MainServices built, for
+// StartStack.
+var services map[string]string
+
+// MainServices is Main for a package whose tests run a Stack: it builds
+// cmd/api and cmd/worker (or takes them from binDirEnv's directory), and
+// StartStack uses them.
+func MainServices(m *testing.M, binDirEnv string, race bool) {
+	Main(m, binDirEnv, race, func(b map[string]string) { services = b }, "cmd/api", "cmd/worker")
+}
+
 // Main is a test package's TestMain for tests that run the binaries: it
 // builds pkgs (like "cmd/api") into a temporary directory, with the race
 // detector or without (plain: for tests that measure timing or memory),

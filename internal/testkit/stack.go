@@ -25,7 +25,7 @@ const (
 
 // StackConfig is what a Stack runs on.
 type StackConfig struct {
-	Bins          map[string]string // "api" and "worker", from Main
+	Bins          map[string]string // "api" and "worker"; MainServices's if nil
 	DSN, RedisURL string
 	DB            *sql.DB // the test's own view of the database
 	APIKey        string
@@ -60,6 +60,9 @@ type Stack struct {
 // StartStack starts the worker, waits until it is ready, then the api.
 func StartStack(t testing.TB, cfg StackConfig) *Stack {
 	t.Helper()
+	if cfg.Bins == nil {
+		cfg.Bins = services
+	}
 	s := &Stack{cfg: cfg, DB: cfg.DB, steps: map[int64]string{}}
 	if cfg.Receiver != nil {
 		s.Rcv = NewReceiver(t, *cfg.Receiver)

@@ -36,10 +36,7 @@ func setup(t *testing.T, o *setupOpts) *bundle {
 	if o == nil {
 		o = &setupOpts{}
 	}
-	db := o.db
-	if db == nil {
-		db = testkit.NewDB(t, nil)
-	}
+	db := o.db.OrNew(t)
 	if o.migrate {
 		if err := mysql.Migrate(context.Background(), db.DB); err != nil {
 			t.Fatal(err)
