@@ -22,9 +22,7 @@ package failover
 import (
 	"database/sql"
 	"fmt"
-	"os"
 	"sort"
-	"strconv"
 	"testing"
 	"time"
 
@@ -44,12 +42,7 @@ const bound = testkit.SettleBound
 
 const apiKey = "failover-api-key"
 
-func enrollments() int {
-	if v, err := strconv.Atoi(os.Getenv("STEPCOLLECT_FAILOVER_N")); err == nil && v > 0 {
-		return v
-	}
-	return 300
-}
+func enrollments() int { return testkit.EnvInt("STEPCOLLECT_FAILOVER_N", 300) }
 
 // startStack is one api and one worker at default flags on dsn and
 // redisURL, delivering to a receiver that holds every event to be one

@@ -8,8 +8,6 @@ import (
 	"cmp"
 	"fmt"
 	"net/http"
-	"os"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -21,13 +19,6 @@ import (
 // (to run this test against another build, such as an older commit's).
 func TestMain(m *testing.M) {
 	testkit.MainServices(m, "STEPCOLLECT_PACE_BINDIR", false)
-}
-
-func envInt(name string, def int) int {
-	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
-		return v
-	}
-	return def
 }
 
 const apiKey = "pace-api-key"
@@ -43,7 +34,7 @@ const apiKey = "pace-api-key"
 // STEPCOLLECT_PACE_ROUNDS and STEPCOLLECT_PACE_N size it (default 20
 // rounds of 3000).
 func TestNoStepStrandsWithTheSweeperOff(t *testing.T) {
-	rounds, n := envInt("STEPCOLLECT_PACE_ROUNDS", 20), envInt("STEPCOLLECT_PACE_N", 3000)
+	rounds, n := testkit.EnvInt("STEPCOLLECT_PACE_ROUNDS", 20), testkit.EnvInt("STEPCOLLECT_PACE_N", 3000)
 	db, rs := testkit.NewDB(t, nil), testkit.StartRedis(t)
 	s := testkit.StartStack(t, testkit.StackConfig{
 		DSN: db.DSN, RedisURL: rs.URL, DB: db.DB, APIKey: apiKey, Env: []string{"STEPCOLLECT_LOG_LEVEL=warn"},

@@ -24,8 +24,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"os"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -55,12 +53,7 @@ const (
 	sweepInterval = 30 * time.Second
 )
 
-func enrollments() int {
-	if v, err := strconv.Atoi(os.Getenv("STEPCOLLECT_RECOVERY_N")); err == nil && v > 0 {
-		return v
-	}
-	return 400
-}
+func enrollments() int { return testkit.EnvInt("STEPCOLLECT_RECOVERY_N", 400) }
 
 // 1. Redis killed (SIGKILL, its data gone: no persistence) in the middle of
 // the results and started again, empty, on the same port four seconds

@@ -234,6 +234,15 @@ func (s *LogBuffer) String() string {
 	return s.b.String()
 }
 
+// EnvInt is the positive integer in the environment variable name, or def:
+// how tests are sized from outside (STEPCOLLECT_PACE_N, say).
+func EnvInt(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
+		return v
+	}
+	return def
+}
+
 // services are the api and worker binaries MainServices built, for
 // StartStack.
 var services map[string]string

@@ -399,16 +399,11 @@ func TestCompletionLocksOnlyTheReportingEnrollmentsRows(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	for _, c := range step.Commands {
-		if _, err := b.store.StoreCommandResponseAndRetrieveCompletedStep(ctx, step.IDs[0], testkit.CommandResult(c.CommandUUID)); err != nil {
-			t.Fatal(err)
-		}
-	}
+	testkit.Complete(t, b.store, step, step.IDs[0])
 	if retries, _ := b.obs.snapshot(); len(retries) != 0 {
 		t.Errorf("completion waited on rows it does not own: retries %v", retries)
 	}
-	var left int
-	left = testkit.Count(t, b.db.DB, `SELECT COUNT(*) FROM id_commands WHERE enrollment_id = ?`, step.IDs[0])
+	left := b.enrollmentRows(t, step.IDs[0])
 	if left != 0 {
 		t.Errorf("enrollment rows left: %d", left)
 	}

@@ -256,8 +256,7 @@ func TestConnectionKilledMidTransactionIsRetriedAndTheResultCommitted(t *testing
 	if retries, _ := b.obs.snapshot(); retries["store command result/connection"] != 1 {
 		t.Errorf("retries %v, want one connection retry", retries)
 	}
-	var left int
-	left = testkit.Count(t, b.db.DB, `SELECT COUNT(*) FROM id_commands WHERE enrollment_id = ?`, step.IDs[0])
+	left := b.enrollmentRows(t, step.IDs[0])
 	if left != 0 {
 		t.Errorf("rows of the enrollment left: %d", left)
 	}

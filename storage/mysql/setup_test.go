@@ -73,6 +73,12 @@ func (b *bundle) answer(ctx context.Context, step *nanostorage.StepEnqueuingWith
 	return b.store.StoreCommandResponseAndRetrieveCompletedStep(ctx, step.IDs[i], testkit.CommandResult(step.Commands[c].CommandUUID))
 }
 
+// enrollmentRows counts the id_commands rows enrollment id still holds.
+func (b *bundle) enrollmentRows(t *testing.T, id string) int {
+	t.Helper()
+	return testkit.Count(t, b.db.DB, `SELECT COUNT(*) FROM id_commands WHERE enrollment_id = ?`, id)
+}
+
 // loadNanoCMDSchema creates NanoCMD v0.7.1's tables exactly as its
 // schema.sql does, as if NanoCMD had made the database.
 func loadNanoCMDSchema(t *testing.T, db *sql.DB) {
