@@ -20,7 +20,7 @@ import (
 // `go test -fuzz FuzzDecodeWebhook ./httpapi` explores.
 func FuzzDecodeWebhook(f *testing.F) {
 	for _, s := range []string{
-		connectBody("DEV-1", "U-1"),
+		string(testkit.Acknowledged("DEV-1", "U-1")),
 		`{"topic":"mdm.Connect","acknowledge_event":{"enrollment_id":"E","raw_payload":"` + base64.StdEncoding.EncodeToString(testkit.ResultPlist("", "U", "NotNow")) + `"}}`,
 		`{"topic":"mdm.Connect","acknowledge_event":{"udid":"D","raw_payload":"` + base64.StdEncoding.EncodeToString(testkit.ResultPlist("D", "", "Idle")) + `"}}`,
 		`{"topic":"mdm.CheckOut","checkin_event":{"udid":"D","raw_payload":"` + base64.StdEncoding.EncodeToString(checkinPlist("D", "CheckOut")) + `"}}`,

@@ -275,13 +275,10 @@ func TestBodyBudgetMakesRequestsWaitAndNeverRefusesThem(t *testing.T) {
 	inflight := func() float64 { return testutil.ToFloat64(m.API.InflightBodyBytes) }
 	awaitInflight := func(want float64) {
 		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for inflight() != want {
-			if time.Now().After(deadline) {
-				t.Fatalf("in-flight body bytes %v, want %v", inflight(), want)
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
+		testkit.WaitUntil(t, 10*time.Second, fmt.Sprintf("%v in-flight body bytes", want), func() (bool, any) {
+			got := inflight()
+			return got == want, got
+		})
 	}
 	ignored := `{"topic":"mdm.TokenUpdate","pad":"` + strings.Repeat("x", 2000) + `"}`
 

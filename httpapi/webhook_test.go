@@ -1,9 +1,9 @@
 package httpapi_test
 
 import (
+	"bytes"
 	"encoding/base64"
 	"encoding/json"
-	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -242,7 +242,7 @@ func TestWebhookAnswers503WhenMySQLIsUnreachableAndNothingIsHalfWritten(t *testi
 	before := snapshot(t, b.db.DB)
 
 	proxy.Cut()
-	resp, err := http.Post(b.srv.URL+"/webhook", "application/json", strings.NewReader(connectBody("DEV-1", "U-1")))
+	resp, err := http.Post(b.srv.URL+"/webhook", "application/json", bytes.NewReader(testkit.Acknowledged("DEV-1", "U-1")))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -256,30 +256,17 @@ func TestWebhookAnswers503WhenMySQLIsUnreachableAndNothingIsHalfWritten(t *testi
 	}
 
 	proxy.Restore()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		resp, err := http.Post(b.srv.URL+"/webhook", "application/json", strings.NewReader(connectBody("DEV-1", "U-1")))
+	testkit.WaitUntil(t, 10*time.Second, "the result answered 200 once MySQL came back (its status)", func() (bool, any) {
+		status, _, err := b.client.Webhook(testkit.Acknowledged("DEV-1", "U-1"))
 		if err != nil {
 			t.Fatal(err)
 		}
-		resp.Body.Close()
-		if resp.StatusCode == http.StatusOK {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("still %d after MySQL came back", resp.StatusCode)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return status == http.StatusOK, status
+	})
 	if n := testkit.Count(t, b.db.DB, `SELECT COUNT(*) FROM stepcollect_outbox WHERE enrollment_id = 'DEV-1'`); n != 1 {
 		t.Errorf("%d events for DEV-1, want 1", n)
 	}
 	if got := testutil.ToFloat64(b.m.API.Results.WithLabelValues("error")); got < 1 {
 		t.Errorf("the 503 was not counted")
 	}
-}
-
-func connectBody(id, uuid string) string {
-	raw := base64.StdEncoding.EncodeToString(testkit.ResultPlist(id, uuid, "Acknowledged"))
-	return fmt.Sprintf(`{"topic":"mdm.Connect","event_id":"e","created_at":"2026-11-29T00:00:00Z","acknowledge_event":{"udid":%q,"status":"Acknowledged","command_uuid":%q,"raw_payload":%q}}`, id, uuid, raw)
 }

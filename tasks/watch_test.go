@@ -39,11 +39,7 @@ func TestWatchQueueLossFiresOnRedisReturningAndOnItsDataGone(t *testing.T) {
 	defer func() { cancel(); <-done }()
 	wait := func(what string, cond func() bool) {
 		t.Helper()
-		for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf("not within 10s: %s (fired for %v)", what, got())
-			}
-		}
+		testkit.WaitUntil(t, 10*time.Second, what+" (the watch fired for)", func() (bool, any) { return cond(), got() })
 	}
 	rc := redis.NewClient(&redis.Options{Addr: "127.0.0.1:" + itoa(rs.Port)})
 	defer rc.Close()

@@ -111,13 +111,11 @@ func (c *faultConnector) maybeKill(ctx context.Context, id driver.Value, query s
 	if hit {
 		c.admin.ExecContext(ctx, "KILL CONNECTION ?", id)
 		// wait until the server shows it gone, not for a guessed while
-		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		testkit.Watch(time.Now().Add(5*time.Second), func() bool {
 			var n int
 			err := c.admin.QueryRowContext(ctx, `SELECT COUNT(*) FROM information_schema.processlist WHERE id = ?`, id).Scan(&n)
-			if err != nil || n == 0 {
-				break
-			}
-		}
+			return err != nil || n == 0
+		})
 	}
 }
 
