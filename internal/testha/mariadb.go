@@ -85,19 +85,15 @@ func StartMariaDB(t testing.TB) *MariaDB {
 		t.Fatal(err)
 	}
 	m.Admin.SetMaxOpenConns(4)
-	deadline := time.Now().Add(60 * time.Second)
-	for {
+	testkit.Watch(time.Now().Add(60*time.Second), func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		err := m.Admin.PingContext(ctx)
+		err = m.Admin.PingContext(ctx)
 		cancel()
-		if err == nil {
-			break
-		}
-		if !m.proc.running() || time.Now().After(deadline) {
-			b, _ := os.ReadFile(filepath.Join(dir, "error.log"))
-			t.Fatalf("private mariadbd did not answer on port %d: %v\n%s%s", m.Port, err, m.proc.logs.String(), b)
-		}
-		time.Sleep(50 * time.Millisecond)
+		return err == nil || !m.proc.running() // a process that is gone will not answer
+	})
+	if err != nil {
+		b, _ := os.ReadFile(filepath.Join(dir, "error.log"))
+		t.Fatalf("private mariadbd did not answer on port %d: %v\n%s%s", m.Port, err, m.proc.logs.String(), b)
 	}
 	return m
 }

@@ -300,19 +300,16 @@ func allSame(xs []string) bool {
 func (s *Sentinel) AwaitReplica(node, primary *Redis, within time.Duration) (time.Duration, error) {
 	start := time.Now()
 	var last string
-	for {
+	if _, ok := testkit.Watch(start.Add(within), func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		role, err := node.Role(ctx)
 		cancel()
-		if err == nil && role.Role == "slave" && role.Primary == primary.Addr() && role.LinkState == "connected" {
-			return time.Since(start), nil
-		}
 		last = fmt.Sprintf("%+v %v", role, err)
-		if time.Since(start) > within {
-			return time.Since(start), fmt.Errorf("%s is not an in-sync replica of %s within %v (ROLE: %s)", node.Name, primary.Name, within, last)
-		}
-		time.Sleep(20 * time.Millisecond)
+		return err == nil && role.Role == "slave" && role.Primary == primary.Addr() && role.LinkState == "connected"
+	}); !ok {
+		return time.Since(start), fmt.Errorf("%s is not an in-sync replica of %s within %v (ROLE: %s)", node.Name, primary.Name, within, last)
 	}
+	return time.Since(start), nil
 }
 
 // AwaitHealthy waits until every Sentinel names the same primary, lists
@@ -322,16 +319,11 @@ func (s *Sentinel) AwaitReplica(node, primary *Redis, within time.Duration) (tim
 // needs.
 func (s *Sentinel) AwaitHealthy(replica *Redis, within time.Duration) (time.Duration, error) {
 	start := time.Now()
-	for {
-		why := s.unhealthy(replica)
-		if why == "" {
-			return time.Since(start), nil
-		}
-		if time.Since(start) > within {
-			return time.Since(start), fmt.Errorf("sentinel setup not healthy within %v: %s", within, why)
-		}
-		time.Sleep(50 * time.Millisecond)
+	var why string
+	if _, ok := testkit.Watch(start.Add(within), func() bool { why = s.unhealthy(replica); return why == "" }); !ok {
+		return time.Since(start), fmt.Errorf("sentinel setup not healthy within %v: %s", within, why)
 	}
+	return time.Since(start), nil
 }
 
 func (s *Sentinel) unhealthy(replica *Redis) string {
