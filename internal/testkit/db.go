@@ -36,6 +36,11 @@ type DBOptions struct {
 	// Empty leaves the database unmigrated, for tests of the migrations
 	// themselves or of a schema made by someone else.
 	Empty bool
+	// PlainPool opens the pool with sql.Open instead of OpenDB: no session
+	// setup (the server's isolation level) and time parameters sent as the
+	// driver sends them. For tests of what the storage does on a pool it
+	// did not open (WithDB), as an embedding program's.
+	PlainPool bool
 }
 
 // DB is a fresh test database: created as test_<random>, dropped when the
@@ -122,7 +127,11 @@ func NewDB(t testing.TB, opts *DBOptions) *DB {
 		// unless the DSN names it
 		dsn = strings.Replace(dsn, "?", "?interpolateParams=false&", 1)
 	}
-	db, err := stepmysql.OpenDB(dsn)
+	open := stepmysql.OpenDB
+	if opts.PlainPool {
+		open = func(dsn string) (*sql.DB, error) { return sql.Open("mysql", dsn) }
+	}
+	db, err := open(dsn)
 	if err != nil {
 		t.Fatalf("opening test database %s: %v", name, err)
 	}

@@ -11,7 +11,7 @@ import (
 	nanostorage "github.com/micromdm/nanocmd/engine/storage"
 
 	"github.com/stepcollect/stepcollect/events"
-	"github.com/stepcollect/stepcollect/internal/testdb"
+	"github.com/stepcollect/stepcollect/internal/testkit"
 	"github.com/stepcollect/stepcollect/storage/mysql"
 )
 
@@ -43,18 +43,24 @@ func TestSchedulerClaimsLockOnlyTheStepsThatAreDue(t *testing.T) {
 			set:   func(s *nanostorage.StepEnqueuingWithConfig) { s.NotUntil = now.Add(-time.Minute) },
 		},
 		{
-			name:  "timed-out steps",
-			event: func(id int64) string { return events.ID(events.StepTimedOut, id, enrollmentID("sched-lock", 0)) },
-			run:   func(ctx context.Context, b *bundle) (int, error) { return b.store.TimeOutSteps(ctx, now) },
-			set:   func(s *nanostorage.StepEnqueuingWithConfig) { s.Timeout = now.Add(-time.Minute) },
+			name: "timed-out steps",
+			event: func(id int64) string {
+				return events.ID(events.StepTimedOut, id, testkit.EnrollmentID("sched-lock", 0))
+			},
+			run: func(ctx context.Context, b *bundle) (int, error) { return b.store.TimeOutSteps(ctx, now) },
+			set: func(s *nanostorage.StepEnqueuingWithConfig) { s.Timeout = now.Add(-time.Minute) },
 		},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			b := setup(t, &setupOpts{db: testdb.New(t, &testdb.Options{LockWaitTimeout: 10})})
+			// a pool the storage did not open, as an embedding program's:
+			// times go to the server as the caller's time holds them, and
+			// only the storage's own truncation keeps the claims a range
+			db := testkit.NewDB(t, &testkit.DBOptions{LockWaitTimeout: 10, PlainPool: true})
+			b := setup(t, &setupOpts{db: db, extra: []mysql.Option{mysql.WithIsolation(sql.LevelReadCommitted)}})
 			ctx := t.Context()
 
-			step := fanOutStep("sched-lock", 1, 1)
+			step := testkit.FanOut("sched-lock", 1, 1)
 			tc.set(step)
 			if err := b.store.StoreStep(ctx, step, now); err != nil {
 				t.Fatal(err)
@@ -167,18 +173,11 @@ func insertIdleSteps(t *testing.T, db *sql.DB, n int) []int64 {
 // which the blocker's uncommitted row makes wait, or false after within.
 func awaitOutboxInsert(t *testing.T, db *sql.DB, within time.Duration) bool {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		n := testdb.Count(t, db, `SELECT COUNT(*) FROM information_schema.processlist
-WHERE db = DATABASE() AND command = 'Query' AND info LIKE 'INSERT INTO stepcollect_outbox%'`)
-		if n > 0 {
-			return true
-		}
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	_, ok := testkit.Watch(time.Now().Add(within), func() bool {
+		return testkit.Count(t, db, `SELECT COUNT(*) FROM information_schema.processlist
+WHERE db = DATABASE() AND command = 'Query' AND info LIKE 'INSERT INTO stepcollect_outbox%'`) > 0
+	})
+	return ok
 }
 
 func placeholders(n int) string { return strings.TrimSuffix(strings.Repeat("?,", n), ",") }
@@ -195,7 +194,7 @@ func anys(ids []int64) []any {
 // digits, whatever the caller's time holds: what the server takes as a
 // time (see TestSchedulerClaimsLockOnlyTheStepsThatAreDue).
 func TestOpenDBSendsTimesInMicroseconds(t *testing.T) {
-	tdb := testdb.New(t, nil)
+	tdb := testkit.NewDB(t, nil)
 	db, err := mysql.OpenDB(tdb.DSN)
 	if err != nil {
 		t.Fatal(err)
