@@ -9,6 +9,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/stepcollect/stepcollect/internal/testkit"
 	"github.com/stepcollect/stepcollect/storage"
 	"github.com/stepcollect/stepcollect/tasks"
 )
@@ -58,17 +59,6 @@ func enqueued(calls [][]int64) map[int64]int {
 	return seen
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within 10s: %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
-
 func startHandoff(t *testing.T, cfg tasks.HandoffConfig, q *fakeQueue) (*tasks.Handoff, context.CancelFunc) {
 	h := tasks.NewHandoff(cfg, q, zerolog.Nop())
 	ctx, cancel := context.WithCancel(context.Background())
@@ -92,7 +82,11 @@ func TestHandoffGathersReleasesIntoFewTasks(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	waitFor(t, "all 65 steps enqueued", func() bool { c, _ := q.snapshot(); return len(enqueued(c)) == 65 })
+	testkit.WaitUntil(t, 10*time.Second, "all 65 steps enqueued (enqueued so far)", func() (bool, any) {
+		c, _ := q.snapshot()
+		n := len(enqueued(c))
+		return n == 65, n
+	})
 	calls, _ := q.snapshot()
 	if len(calls) > 3 {
 		t.Errorf("%d tasks for 64 releases within one window, want a few", len(calls))
@@ -112,12 +106,16 @@ func TestHandoffKeepsStepsWhileTheQueueIsDown(t *testing.T) {
 	for i := range 2500 {
 		h.CollectSteps(context.Background(), []storage.UnreferencedStep{{ID: int64(i + 1)}})
 	}
-	waitFor(t, "a failed enqueue", func() bool { _, f := q.snapshot(); return f > 0 })
+	testkit.WaitUntil(t, 10*time.Second, "a failed enqueue (failures so far)", func() (bool, any) { _, f := q.snapshot(); return f > 0, f })
 	if h.Pending() != 2500 {
 		t.Fatalf("%d pending while the queue is down, want all 2500 kept", h.Pending())
 	}
 	q.setDown(false)
-	waitFor(t, "every step enqueued after the queue returned", func() bool { c, _ := q.snapshot(); return len(enqueued(c)) == 2500 })
+	testkit.WaitUntil(t, 10*time.Second, "every step enqueued after the queue returned (enqueued so far)", func() (bool, any) {
+		c, _ := q.snapshot()
+		n := len(enqueued(c))
+		return n == 2500, n
+	})
 	calls, _ := q.snapshot()
 	for _, c := range calls {
 		if len(c) > 1000 {
@@ -148,7 +146,6 @@ func TestHandoffFlushesOnStop(t *testing.T) {
 	q := &fakeQueue{}
 	h, cancel := startHandoff(t, tasks.HandoffConfig{Window: time.Hour}, q)
 	h.CollectSteps(context.Background(), []storage.UnreferencedStep{{ID: 7}})
-	waitFor(t, "the kick taken", func() bool { return true })
 	cancel()
 	<-h.Done()
 	if calls, _ := q.snapshot(); len(enqueued(calls)) != 1 {
