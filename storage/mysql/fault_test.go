@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"database/sql/driver"
-	"errors"
 	"io"
 	"strings"
 	"sync"
@@ -49,18 +48,14 @@ type faultConnector struct {
 	betweenTries func()
 	dropped      int
 	refused      int
-	// twoTrips counts the COMMITs sent at the end of a multi-statement
-	// query (a completion in two round trips) rather than by Tx.Commit.
-	twoTrips int
 }
 
-func newFaultDB(t *testing.T, db *testkit.DB, multi bool) (*sql.DB, *faultConnector) {
+func newFaultDB(t *testing.T, db *testkit.DB) (*sql.DB, *faultConnector) {
 	t.Helper()
 	cfg, err := mysql.ParseDSN(db.DSN)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.MultiStatements = multi
 	base, err := mysql.NewConnector(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -165,46 +160,7 @@ func (f *faultConn) ExecContext(ctx context.Context, query string, args []driver
 		return nil, err
 	}
 	f.c.maybeKill(ctx, f.id, query)
-	exec := f.Conn.(driver.ExecerContext).ExecContext
-	stmts, commits := strings.CutSuffix(query, "; COMMIT")
-	if !commits {
-		return exec(ctx, query, args)
-	}
-	// A COMMIT sent with the statements before it: the same faults as
-	// faultTx.Commit's.
-	fault, between := f.c.takeCommitFault()
-	f.c.mu.Lock()
-	f.c.twoTrips++
-	f.c.mu.Unlock()
-	switch {
-	case errors.Is(fault, mysql.ErrInvalidConn):
-		// nothing reached the server; the transaction it left open ends
-		if _, err := exec(ctx, "ROLLBACK", nil); err != nil {
-			return nil, err
-		}
-	case fault != nil:
-		// the statements ran and the server answered no to COMMIT
-		if _, err := exec(ctx, stmts+"; ROLLBACK", args); err != nil {
-			return nil, err
-		}
-	}
-	if fault != nil {
-		if between != nil {
-			between()
-		}
-		return nil, fault
-	}
-	res, err := exec(ctx, query, args)
-	if err != nil {
-		return nil, err
-	}
-	if f.c.takeLostCommit() {
-		if between != nil {
-			between()
-		}
-		return nil, mysql.ErrInvalidConn // committed, but the client never heard
-	}
-	return res, nil
+	return f.Conn.(driver.ExecerContext).ExecContext(ctx, query, args)
 }
 
 func (f *faultConn) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
@@ -237,7 +193,20 @@ type faultTx struct {
 }
 
 func (t *faultTx) Commit() error {
-	fault, between := t.c.takeCommitFault()
+	t.c.mu.Lock()
+	var fault error
+	switch {
+	case t.c.dropCommits > 0:
+		t.c.dropCommits--
+		t.c.dropped++
+		fault = mysql.ErrInvalidConn // never reached the server
+	case t.c.refuseCommits > 0:
+		t.c.refuseCommits--
+		t.c.refused++
+		fault = t.c.refuseErr // the server said no
+	}
+	between := t.c.betweenTries
+	t.c.mu.Unlock()
 	if fault != nil {
 		if err := t.Tx.Rollback(); err != nil {
 			return err
@@ -259,89 +228,35 @@ func (t *faultTx) Commit() error {
 	return nil
 }
 
-// takeCommitFault says what the next COMMIT meets: nil (it commits), or
-// the error it answers after rolling back instead, and what runs between
-// the tries.
-func (c *faultConnector) takeCommitFault() (error, func()) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	var fault error
-	switch {
-	case c.dropCommits > 0:
-		c.dropCommits--
-		c.dropped++
-		fault = mysql.ErrInvalidConn // never reached the server
-	case c.refuseCommits > 0:
-		c.refuseCommits--
-		c.refused++
-		fault = c.refuseErr // the server said no
-	}
-	return fault, c.betweenTries
-}
-
-// completionPaths are the two ways a completion runs, each to be faulted:
-// database/sql's transaction (a pool without multiStatements, as WithDB may
-// give) and two round trips (OpenDB's pools).
-var completionPaths = []struct {
-	name  string
-	multi bool
-}{{"database-sql", false}, {"two-round-trips", true}}
-
-// checkPath fails t unless the completions ran the path asked for.
-func (c *faultConnector) checkPath(t *testing.T, multi bool) {
-	t.Helper()
-	c.mu.Lock()
-	n := c.twoTrips
-	c.mu.Unlock()
-	if multi && n == 0 {
-		t.Fatal("no COMMIT was sent with its statements: the two-round-trip path never ran")
-	}
-	if !multi && n > 0 {
-		t.Fatalf("%d COMMITs were sent with their statements on a pool without multiStatements", n)
-	}
-}
-
-// setupFaulty is a storage on a faulty pool with multiStatements on, the
-// path OpenDB's pools take; setupFaultyPath chooses.
 func setupFaulty(t *testing.T, extra ...stepmysql.Option) (*bundle, *faultConnector) {
 	t.Helper()
-	return setupFaultyPath(t, true, extra...)
-}
-
-func setupFaultyPath(t *testing.T, multi bool, extra ...stepmysql.Option) (*bundle, *faultConnector) {
-	t.Helper()
 	db := testkit.NewDB(t, nil)
-	fdb, fc := newFaultDB(t, db, multi)
+	fdb, fc := newFaultDB(t, db)
 	faulty := &testkit.DB{DB: fdb, Name: db.Name, DSN: db.DSN}
 	return setup(t, &setupOpts{db: faulty, extra: extra}), fc
 }
 
 func TestConnectionKilledMidTransactionIsRetriedAndTheResultCommitted(t *testing.T) {
-	for _, p := range completionPaths {
-		t.Run(p.name, func(t *testing.T) {
-			b, fc := setupFaultyPath(t, p.multi)
-			ctx := t.Context()
-			step := b.stored(t, "killed", 2, 1)
-			fc.arm(func(fc *faultConnector) {
-				fc.killBefore = "DELETE FROM id_commands WHERE enrollment_id = ? AND step_id = ?"
-			})
+	b, fc := setupFaulty(t)
+	ctx := t.Context()
+	step := b.stored(t, "killed", 2, 1)
+	fc.arm(func(fc *faultConnector) {
+		fc.killBefore = "DELETE FROM id_commands WHERE enrollment_id = ? AND step_id = ?"
+	})
 
-			r, err := b.answer(ctx, step, 0, 0)
-			if err != nil || r == nil {
-				t.Fatalf("result across a killed connection: %v, %v", r, err)
-			}
-			if fc.killed != 1 {
-				t.Fatalf("the connection was killed %d times, want 1: the fault never happened", fc.killed)
-			}
-			if retries, _ := b.obs.snapshot(); retries["store command result/connection"] != 1 {
-				t.Errorf("retries %v, want one connection retry", retries)
-			}
-			left := b.enrollmentRows(t, step.IDs[0])
-			if left != 0 {
-				t.Errorf("rows of the enrollment left: %d", left)
-			}
-			fc.checkPath(t, p.multi)
-		})
+	r, err := b.answer(ctx, step, 0, 0)
+	if err != nil || r == nil {
+		t.Fatalf("result across a killed connection: %v, %v", r, err)
+	}
+	if fc.killed != 1 {
+		t.Fatalf("the connection was killed %d times, want 1: the fault never happened", fc.killed)
+	}
+	if retries, _ := b.obs.snapshot(); retries["store command result/connection"] != 1 {
+		t.Errorf("retries %v, want one connection retry", retries)
+	}
+	left := b.enrollmentRows(t, step.IDs[0])
+	if left != 0 {
+		t.Errorf("rows of the enrollment left: %d", left)
 	}
 }
 
@@ -350,43 +265,38 @@ func TestConnectionKilledMidTransactionIsRetriedAndTheResultCommitted(t *testing
 // so returns the completed step it had built, not "unknown command": the
 // result is committed and the caller must get it.
 func TestLostCommitAnswerOnTheCompletingResultStillReturnsTheStep(t *testing.T) {
-	for _, p := range completionPaths {
-		t.Run(p.name, func(t *testing.T) {
-			b, fc := setupFaultyPath(t, p.multi, stepmysql.WithOutbox())
-			ctx := t.Context()
-			step := b.stored(t, "lostcommit", 1, 2)
+	b, fc := setupFaulty(t, stepmysql.WithOutbox())
+	ctx := t.Context()
+	step := b.stored(t, "lostcommit", 1, 2)
 
-			// first command, with its commit answer lost: a retry re-records it
-			fc.arm(func(fc *faultConnector) { fc.loseCommits = 1 })
-			r, err := b.answer(ctx, step, 0, 0)
-			if err != nil || r != nil {
-				t.Fatalf("first command: %v, %v; want stored, not complete", r, err)
-			}
+	// first command, with its commit answer lost: a retry re-records it
+	fc.arm(func(fc *faultConnector) { fc.loseCommits = 1 })
+	r, err := b.answer(ctx, step, 0, 0)
+	if err != nil || r != nil {
+		t.Fatalf("first command: %v, %v; want stored, not complete", r, err)
+	}
 
-			// last command, with its commit answer lost: the step comes back anyway
-			fc.arm(func(fc *faultConnector) { fc.loseCommits = 1 })
-			r, err = b.answer(ctx, step, 0, 1)
-			if err != nil || r == nil {
-				t.Fatalf("last command: %v, %v; want the completed step", r, err)
-			}
-			if fc.lost != 2 {
-				t.Fatalf("lost %d commit answers, want 2: the fault never happened", fc.lost)
-			}
-			if len(r.Commands) != 2 {
-				t.Fatalf("completed step holds %d commands, want 2", len(r.Commands))
-			}
-			for _, c := range r.Commands {
-				if string(c.ResultReport) != string(testkit.CommandResult(c.CommandUUID).ResultReport) {
-					t.Errorf("command %s: result %q", c.CommandUUID, c.ResultReport)
-				}
-			}
-			if retries, _ := b.obs.snapshot(); retries["store command result/connection"] != 2 {
-				t.Errorf("retries %v, want two connection retries", retries)
-			}
-			if c := countRows(t, b.db.DB); c != (rowCounts{}) {
-				t.Errorf("rows left: %+v", c)
-			}
-			fc.checkPath(t, p.multi)
-		})
+	// last command, with its commit answer lost: the step comes back anyway
+	fc.arm(func(fc *faultConnector) { fc.loseCommits = 1 })
+	r, err = b.answer(ctx, step, 0, 1)
+	if err != nil || r == nil {
+		t.Fatalf("last command: %v, %v; want the completed step", r, err)
+	}
+	if fc.lost != 2 {
+		t.Fatalf("lost %d commit answers, want 2: the fault never happened", fc.lost)
+	}
+	if len(r.Commands) != 2 {
+		t.Fatalf("completed step holds %d commands, want 2", len(r.Commands))
+	}
+	for _, c := range r.Commands {
+		if string(c.ResultReport) != string(testkit.CommandResult(c.CommandUUID).ResultReport) {
+			t.Errorf("command %s: result %q", c.CommandUUID, c.ResultReport)
+		}
+	}
+	if retries, _ := b.obs.snapshot(); retries["store command result/connection"] != 2 {
+		t.Errorf("retries %v, want two connection retries", retries)
+	}
+	if c := countRows(t, b.db.DB); c != (rowCounts{}) {
+		t.Errorf("rows left: %+v", c)
 	}
 }

@@ -162,35 +162,30 @@ func assertSinkRefsExist(t *testing.T, b *bundle, sink *recordingSink, want int)
 // not report a completed step (the webhook would answer completed_step
 // with nothing in the outbox).
 func TestALostCommitAnswerWithTheRowsCancelledMeanwhileIsNoCompletion(t *testing.T) {
-	for _, p := range completionPaths {
-		t.Run(p.name, func(t *testing.T) {
-			b, fc := setupFaultyPath(t, p.multi, stepmysql.WithOutbox())
-			ctx := t.Context()
-			step := b.stored(t, "lostcancel", 1, 1)
-			fc.mu.Lock()
-			fc.dropCommits = 1
-			fc.betweenTries = func() {
-				if _, err := b.db.Exec(`DELETE FROM id_commands WHERE enrollment_id = ?`, step.IDs[0]); err != nil {
-					t.Error(err)
-				}
-			}
-			fc.mu.Unlock()
+	b, fc := setupFaulty(t, stepmysql.WithOutbox())
+	ctx := t.Context()
+	step := b.stored(t, "lostcancel", 1, 1)
+	fc.mu.Lock()
+	fc.dropCommits = 1
+	fc.betweenTries = func() {
+		if _, err := b.db.Exec(`DELETE FROM id_commands WHERE enrollment_id = ?`, step.IDs[0]); err != nil {
+			t.Error(err)
+		}
+	}
+	fc.mu.Unlock()
 
-			r, err := b.answer(ctx, step, 0, 0)
-			if fc.dropped != 1 {
-				t.Fatalf("dropped %d COMMITs, want 1: the fault never happened", fc.dropped)
-			}
-			if r != nil {
-				t.Fatalf("reported a completed step %+v with no event written", r)
-			}
-			if !errors.Is(err, storage.ErrUnknownCommand) {
-				t.Errorf("error %v, want the command unknown (it was cancelled; the result was not committed)", err)
-			}
-			if n := countOutbox(t, b.db.DB); n != 0 {
-				t.Errorf("%d outbox rows", n)
-			}
-			fc.checkPath(t, p.multi)
-		})
+	r, err := b.answer(ctx, step, 0, 0)
+	if fc.dropped != 1 {
+		t.Fatalf("dropped %d COMMITs, want 1: the fault never happened", fc.dropped)
+	}
+	if r != nil {
+		t.Fatalf("reported a completed step %+v with no event written", r)
+	}
+	if !errors.Is(err, storage.ErrUnknownCommand) {
+		t.Errorf("error %v, want the command unknown (it was cancelled; the result was not committed)", err)
+	}
+	if n := countOutbox(t, b.db.DB); n != 0 {
+		t.Errorf("%d outbox rows", n)
 	}
 }
 
@@ -199,51 +194,43 @@ func TestALostCommitAnswerWithTheRowsCancelledMeanwhileIsNoCompletion(t *testing
 // meanwhile by a cancel are never taken as its success.
 func TestAServerErrorReplyToCommitIsNotAnAmbiguousCommit(t *testing.T) {
 	for _, code := range []uint16{1927, 1053, 1317} {
-		for _, p := range completionPaths {
-			t.Run(strconv.Itoa(int(code))+"/"+p.name, func(t *testing.T) {
-				// without the outbox: only the reply itself can tell
-				b, fc := setupFaultyPath(t, p.multi)
-				ctx := t.Context()
-				step := b.stored(t, "refused", 1, 1)
-				fc.mu.Lock()
-				fc.refuseCommits, fc.refuseErr = 1, &mysql.MySQLError{Number: code, Message: "injected"}
-				fc.betweenTries = func() {
-					if _, err := b.db.Exec(`DELETE FROM id_commands WHERE enrollment_id = ?`, step.IDs[0]); err != nil {
-						t.Error(err)
-					}
+		t.Run(strconv.Itoa(int(code)), func(t *testing.T) {
+			// without the outbox: only the reply itself can tell
+			b, fc := setupFaulty(t)
+			ctx := t.Context()
+			step := b.stored(t, "refused", 1, 1)
+			fc.mu.Lock()
+			fc.refuseCommits, fc.refuseErr = 1, &mysql.MySQLError{Number: code, Message: "injected"}
+			fc.betweenTries = func() {
+				if _, err := b.db.Exec(`DELETE FROM id_commands WHERE enrollment_id = ?`, step.IDs[0]); err != nil {
+					t.Error(err)
 				}
-				fc.mu.Unlock()
-				r, err := b.answer(ctx, step, 0, 0)
-				if fc.refused != 1 {
-					t.Fatalf("refused %d COMMITs, want 1", fc.refused)
-				}
-				if r != nil || !errors.Is(err, storage.ErrUnknownCommand) {
-					t.Errorf("after a refused COMMIT and a cancel: %+v, %v; want no step and the command unknown", r, err)
-				}
-				fc.checkPath(t, p.multi)
-			})
-		}
+			}
+			fc.mu.Unlock()
+			r, err := b.answer(ctx, step, 0, 0)
+			if fc.refused != 1 {
+				t.Fatalf("refused %d COMMITs, want 1", fc.refused)
+			}
+			if r != nil || !errors.Is(err, storage.ErrUnknownCommand) {
+				t.Errorf("after a refused COMMIT and a cancel: %+v, %v; want no step and the command unknown", r, err)
+			}
+		})
 	}
 }
 
 // Without the outbox nothing in the database can prove a lost COMMIT went
 // through: the caller gets an error saying so, never a guess.
 func TestALostCommitAnswerWithoutTheOutboxIsAnErrorNotAGuess(t *testing.T) {
-	for _, p := range completionPaths {
-		t.Run(p.name, func(t *testing.T) {
-			b, fc := setupFaultyPath(t, p.multi)
-			ctx := t.Context()
-			step := b.stored(t, "lostlib", 1, 1)
-			fc.arm(func(fc *faultConnector) { fc.loseCommits = 1 })
-			r, err := b.answer(ctx, step, 0, 0)
-			if fc.lost != 1 {
-				t.Fatalf("lost %d COMMIT answers, want 1", fc.lost)
-			}
-			if r != nil || !errors.Is(err, storage.ErrCommitUnknown) {
-				t.Errorf("%+v, %v; want an error wrapping ErrCommitUnknown", r, err)
-			}
-			fc.checkPath(t, p.multi)
-		})
+	b, fc := setupFaulty(t)
+	ctx := t.Context()
+	step := b.stored(t, "lostlib", 1, 1)
+	fc.arm(func(fc *faultConnector) { fc.loseCommits = 1 })
+	r, err := b.answer(ctx, step, 0, 0)
+	if fc.lost != 1 {
+		t.Fatalf("lost %d COMMIT answers, want 1", fc.lost)
+	}
+	if r != nil || !errors.Is(err, storage.ErrCommitUnknown) {
+		t.Errorf("%+v, %v; want an error wrapping ErrCommitUnknown", r, err)
 	}
 }
 

@@ -49,9 +49,6 @@ type Storage struct {
 	outbox    bool
 	sink      storage.EventSink
 	steps     *stepCache
-	// multiStatements: the pool takes several statements in one query,
-	// and completions run in two round trips (see conntx.go).
-	multiStatements bool
 
 	maxAttempts int
 	backoffBase time.Duration
@@ -156,18 +153,13 @@ func New(opts ...Option) (*Storage, error) {
 		}
 		return nil, fmt.Errorf("mysql storage: ping: %w", err)
 	}
-	// Completions start their transactions by hand on that path, at the
-	// session's level: a pool set to another level per transaction
-	// (WithIsolation) keeps database/sql's.
-	s.multiStatements = s.txOpts == nil && supportsMultiStatements(ctx, s.db)
 	return s, nil
 }
 
 // OpenDB opens a pool for dsn as WithDSN does: parseTime on,
-// interpolateParams and multiStatements on and time parameters truncated
-// to microseconds (timeTruncate=1µs) unless the DSN sets them, and every
-// session at READ COMMITTED, the level stepcollect's transactions are
-// designed for. Set
+// interpolateParams on and time parameters truncated to microseconds
+// (timeTruncate=1µs) unless the DSN sets them, and every session at READ
+// COMMITTED, the level stepcollect's transactions are designed for. Set
 // once per connection by a statement both MySQL and MariaDB take (their
 // DSN variable names differ), it costs nothing per transaction, where
 // sql.TxOptions costs go-sql-driver a round trip each time.
@@ -179,12 +171,6 @@ func OpenDB(dsn string) (*sql.DB, error) {
 	mc.ParseTime = true
 	if !strings.Contains(dsn, "interpolateParams=") {
 		mc.InterpolateParams = true
-	}
-	if !strings.Contains(dsn, "multiStatements=") {
-		// Completions in two round trips (conntx.go). Every parameter is
-		// interpolated and escaped by the driver, never concatenated, so
-		// a value cannot end a statement and start another.
-		mc.MultiStatements = true
 	}
 	if !strings.Contains(dsn, "timeTruncate=") {
 		// See dbTime: every time parameter at most microseconds.

@@ -50,13 +50,6 @@ DELETE FROM id_commands WHERE enrollment_id = ? AND step_id = ?`
 	qGetStep = `
 SELECT workflow_name, instance_id, step_name, context FROM steps WHERE id = ?`
 
-	// The same, by a command of the step: in the round trip that locks
-	// the enrollment's rows (see completeInTwoTrips), after them.
-	qGetStepOfCommand = `
-SELECT workflow_name, instance_id, step_name, context FROM steps WHERE id = (
-  SELECT step_id FROM id_commands
-  WHERE enrollment_id = ? AND command_uuid = ?)`
-
 	qCreateStep = `
 INSERT INTO steps (workflow_name, instance_id, step_name, context, not_until, timeout)
 VALUES (?, ?, ?, ?, ?, ?)`
