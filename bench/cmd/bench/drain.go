@@ -193,12 +193,9 @@ func (r *runner) drain(cfg serverConfig, n, workers int) (*drainResult, error) {
 		}
 	}
 	res.EventsReceived, res.EventsDistinct, _ = e.recv.counts()
-	for deadline := time.Now().Add(10 * time.Second); e.outboxPending() > 0 && time.Now().Before(deadline); {
-		time.Sleep(20 * time.Millisecond)
+	if res.OutboxLeft, res.Stranded, err = e.leftovers(); err != nil {
+		return nil, err
 	}
-	res.OutboxLeft = e.outboxPending()
-	e.db.QueryRow(`SELECT (SELECT COUNT(*) FROM steps), (SELECT COUNT(*) FROM id_commands), (SELECT COUNT(*) FROM step_commands)`).
-		Scan(&res.Stranded.Steps, &res.Stranded.IDCommands, &res.Stranded.StepCommands)
 	s, err := scrapeAll(e.metrics...)
 	if err != nil {
 		return nil, err

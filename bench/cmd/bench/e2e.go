@@ -20,7 +20,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
 	"github.com/micromdm/nanomdm/mdm"
 	"github.com/micromdm/nanomdm/service/webhook"
 
@@ -601,38 +600,12 @@ func (r *runner) globalStatus() (map[string]float64, error) {
 // freshNanoCMDDatabase creates a database on server with NanoCMD's own
 // schema, and returns its DSN with params, and a drop function.
 func freshNanoCMDDatabase(admin *sql.DB, server, schema string, params map[string]string) (string, func(), error) {
-	b := make([]byte, 5)
-	rand.Read(b)
-	name := "bench_nanocmd_" + hex.EncodeToString(b)
-	if _, err := admin.Exec("CREATE DATABASE " + name); err != nil {
-		return "", nil, err
-	}
-	drop := func() { admin.Exec("DROP DATABASE IF EXISTS " + name) }
-	cfg, err := mysql.ParseDSN(server)
-	if err != nil {
-		drop()
-		return "", nil, err
-	}
-	cfg.DBName = name
-	cfg.ParseTime = true
-	multi := cfg.Clone()
-	multi.MultiStatements = true
-	mdb, err := sql.Open("mysql", multi.FormatDSN())
-	if err != nil {
-		drop()
-		return "", nil, err
-	}
-	_, err = mdb.Exec(schema)
-	mdb.Close()
-	if err != nil {
-		drop()
-		return "", nil, fmt.Errorf("NanoCMD's schema: %w", err)
-	}
-	dsn := cfg.FormatDSN()
-	for k, v := range params {
-		dsn += "&" + k + "=" + v
-	}
-	return dsn, drop, nil
+	return newDatabase(admin, server, "bench_nanocmd_", params, true, func(db *sql.DB) error {
+		if _, err := db.Exec(schema); err != nil {
+			return fmt.Errorf("NanoCMD's schema: %w", err)
+		}
+		return nil
+	})
 }
 
 // warmedClient is an HTTP client of at most inflight connections to one

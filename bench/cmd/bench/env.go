@@ -15,6 +15,8 @@ import (
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/stepcollect/stepcollect/bench/internal/fanout"
 )
 
 // proc is a binary the service measurements run.
@@ -363,6 +365,26 @@ func (e *svcEnv) awaitStepsEmpty(limit time.Duration) (at time.Time, ok bool) {
 // outboxPending counts the events not yet acknowledged.
 func (e *svcEnv) outboxPending() int {
 	var n int
-	e.probe.QueryRowContext(context.Background(), `SELECT COUNT(*) FROM stepcollect_outbox`).Scan(&n)
+	if err := e.probe.QueryRowContext(context.Background(), `SELECT COUNT(*) FROM stepcollect_outbox`).Scan(&n); err != nil {
+		return -1 // never "none pending": a broken look must not read as drained
+	}
 	return n
+}
+
+// leftovers waits up to 10 s for the outbox to drain (acknowledging
+// follows the POSTs) and returns what it still holds and what the step
+// tables hold. An error reading either is returned, never a zero.
+func (e *svcEnv) leftovers() (outbox int, st fanout.Stranded, err error) {
+	for deadline := time.Now().Add(10 * time.Second); e.outboxPending() != 0 && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if outbox = e.outboxPending(); outbox < 0 {
+		return 0, st, fmt.Errorf("counting the outbox failed")
+	}
+	err = e.db.QueryRow(`SELECT (SELECT COUNT(*) FROM steps), (SELECT COUNT(*) FROM id_commands), (SELECT COUNT(*) FROM step_commands)`).
+		Scan(&st.Steps, &st.IDCommands, &st.StepCommands)
+	if err != nil {
+		return 0, st, fmt.Errorf("counting what the run left: %w", err)
+	}
+	return outbox, st, nil
 }

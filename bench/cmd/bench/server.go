@@ -92,9 +92,19 @@ func freePort() (int, error) {
 // stepcollect's migrations (NanoCMD v0.7.1's schema, identical to
 // v0.7.0's), and returns its DSN with params, and a drop function.
 func freshDatabase(admin *sql.DB, server string, params map[string]string) (string, func(), error) {
+	return newDatabase(admin, server, "bench_", params, false, func(db *sql.DB) error {
+		return stepmysql.Migrate(context.Background(), db)
+	})
+}
+
+// newDatabase creates a database named prefix + random on server, opens it
+// (with multiStatements when multi) for setup to make its tables, and
+// returns its DSN with params, and a drop function. On any error the
+// database is dropped.
+func newDatabase(admin *sql.DB, server, prefix string, params map[string]string, multi bool, setup func(*sql.DB) error) (string, func(), error) {
 	b := make([]byte, 5)
 	rand.Read(b)
-	name := "bench_" + hex.EncodeToString(b)
+	name := prefix + hex.EncodeToString(b)
 	if _, err := admin.Exec("CREATE DATABASE " + name); err != nil {
 		return "", nil, err
 	}
@@ -106,13 +116,15 @@ func freshDatabase(admin *sql.DB, server string, params map[string]string) (stri
 	}
 	cfg.DBName = name
 	cfg.ParseTime = true
-	mdb, err := sql.Open("mysql", cfg.FormatDSN())
+	setupCfg := cfg.Clone()
+	setupCfg.MultiStatements = multi
+	db, err := sql.Open("mysql", setupCfg.FormatDSN())
 	if err != nil {
 		drop()
 		return "", nil, err
 	}
-	err = stepmysql.Migrate(context.Background(), mdb)
-	mdb.Close()
+	err = setup(db)
+	db.Close()
 	if err != nil {
 		drop()
 		return "", nil, err

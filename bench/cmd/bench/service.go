@@ -50,13 +50,9 @@ func (r *runner) serviceProfiled(cfg serverConfig, n int, control bool, profile 
 	if distinct >= n {
 		res.DeliveredAfterMS = fanout.MS(last.Sub(lastOK))
 	}
-	// acknowledging follows the POSTs: give the last batch a moment
-	for deadline := time.Now().Add(10 * time.Second); e.outboxPending() > 0 && time.Now().Before(deadline); {
-		time.Sleep(20 * time.Millisecond)
+	if res.OutboxLeft, res.Stranded, err = e.leftovers(); err != nil {
+		return nil, err
 	}
-	res.OutboxLeft = e.outboxPending()
-	e.db.QueryRow(`SELECT (SELECT COUNT(*) FROM steps), (SELECT COUNT(*) FROM id_commands), (SELECT COUNT(*) FROM step_commands)`).
-		Scan(&res.Stranded.Steps, &res.Stranded.IDCommands, &res.Stranded.StepCommands)
 	s, err := scrapeAll(e.metrics...)
 	if err != nil {
 		return nil, err

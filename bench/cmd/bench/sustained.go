@@ -142,7 +142,7 @@ func (r *runner) sustained(cfg serverConfig, d time.Duration, outDir string) (*s
 	}
 	fmt.Fprintf(logOut, " %v; running …", time.Since(created).Round(time.Second))
 	// whatever the creation left in the outbox or the queue drains first
-	for deadline := time.Now().Add(30 * time.Second); e.outboxPending() > 0 && time.Now().Before(deadline); {
+	for deadline := time.Now().Add(30 * time.Second); e.outboxPending() != 0 && time.Now().Before(deadline); {
 		time.Sleep(50 * time.Millisecond)
 	}
 
