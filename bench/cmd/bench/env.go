@@ -158,21 +158,7 @@ func (r *runner) startEnvWith(cfg serverConfig, workers, inflight int, opts envO
 	// a few at a time, as for the storage rows: NanoMDM's own concurrency is
 	// bounded too, and ten thousand simultaneous connects would measure the
 	// kernel's listen backlog, not the service.
-	e.client = &http.Client{Timeout: 2 * time.Minute, Transport: &http.Transport{MaxIdleConnsPerHost: inflight, MaxConnsPerHost: inflight}}
-	for warmed := 0; warmed < inflight; warmed += 8 {
-		var wg sync.WaitGroup
-		for range min(8, inflight-warmed) {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				if resp, err := e.client.Get(e.apiURL + "/healthz"); err == nil {
-					io.Copy(io.Discard, resp.Body)
-					resp.Body.Close()
-				}
-			}()
-		}
-		wg.Wait()
-	}
+	e.client = warmedClient(e.apiURL+"/healthz", inflight)
 	return e, nil
 }
 
