@@ -52,15 +52,23 @@ type Config struct {
 	// MaxBody bounds a request body. Default 32 MiB.
 	MaxBody int64
 	// MaxInflightBodyBytes bounds the working memory of the webhook and
-	// /v1/steps bodies being read and decoded at once; a request waits for
-	// its share before its body is read. Default 256 MiB; never less than
+	// /v1/steps bodies being read and decoded at once: bodies still
+	// arriving hold their size (half of it in all), whole bodies being
+	// decoded and handled 5x theirs (all of it). No share is held for bytes
+	// that have not arrived (body.go). Default 256 MiB; never less than
 	// MaxBody.
 	MaxInflightBodyBytes int64
-	// BodyTimeout is how long a request that had to wait for its share of
-	// MaxInflightBodyBytes then has to send its body and be answered: the
-	// server's ReadTimeout and WriteTimeout, restarted so that waiting
-	// costs no result. Default 2 minutes.
+	// BodyTimeout is the longest a body waits for its arrival share, and
+	// how long a whole body has to be handled and answered (the server's
+	// WriteTimeout, restarted so that waiting costs no result). Default 2
+	// minutes.
 	BodyTimeout time.Duration
+	// BodyGrace and MinBodyRate (bytes per second) are how a body must
+	// keep arriving once it is read: each read may end no later than
+	// BodyGrace plus what has arrived at MinBodyRate, or the request gets
+	// a 408. Defaults DefaultBodyGrace, DefaultMinBodyRate.
+	BodyGrace   time.Duration
+	MinBodyRate int64
 	// MaxStepIDs, MaxStepCommands and MaxStepRows bound one POST /v1/steps:
 	// its ids, its commands and ids x commands (413 above). Defaults
 	// DefaultMaxStepIDs, DefaultMaxStepCommands, DefaultMaxStepRows.
@@ -104,6 +112,12 @@ func New(cfg Config) *Server {
 	if cfg.BodyTimeout <= 0 {
 		cfg.BodyTimeout = DefaultBodyTimeout
 	}
+	if cfg.BodyGrace <= 0 {
+		cfg.BodyGrace = DefaultBodyGrace
+	}
+	if cfg.MinBodyRate <= 0 {
+		cfg.MinBodyRate = DefaultMinBodyRate
+	}
 	lim := stepLimits{ids: cfg.MaxStepIDs, commands: cfg.MaxStepCommands, rows: cfg.MaxStepRows}
 	if lim.ids <= 0 {
 		lim.ids = DefaultMaxStepIDs
@@ -119,8 +133,8 @@ func New(cfg Config) *Server {
 		gauge = cfg.Metrics.InflightBodyBytes
 	}
 	s := &Server{cfg: cfg, mux: http.NewServeMux(), budget: newBodyBudget(cfg.MaxInflightBodyBytes, gauge), stepLimits: lim}
-	s.handle("POST /webhook", "webhook", s.budgeted(s.webhook))
-	s.handle("POST /v1/steps", "enqueue_step", s.auth(s.budgeted(s.enqueueStep)))
+	s.handle("POST /webhook", "webhook", s.withBody(s.webhook))
+	s.handle("POST /v1/steps", "enqueue_step", s.auth(s.withBody(s.enqueueStep)))
 	s.handle("GET /v1/steps/{step_id}", "step_status", s.auth(s.stepStatus))
 	s.handle("DELETE /v1/enrollments/{id}/steps", "cancel_steps", s.auth(s.cancelSteps))
 	s.handle("/v1/", "v1_other", s.auth(func(w http.ResponseWriter, r *http.Request) {

@@ -38,12 +38,12 @@ type commandRequest struct {
 }
 
 // enqueueStep stores one step for many enrollments, atomically.
-func (s *Server) enqueueStep(w http.ResponseWriter, r *http.Request) {
-	if err := s.bodyTooLarge(r); err != nil {
+func (s *Server) enqueueStep(w http.ResponseWriter, r *http.Request, body []byte, err error) {
+	if err != nil {
 		respondError(w, r, err, "decoding the step")
 		return
 	}
-	step, err := decodeStep(r.Body, s.stepLimits)
+	step, err := decodeStep(bytes.NewReader(body), s.stepLimits)
 	if err != nil {
 		respondError(w, r, err, "decoding the step")
 		return

@@ -1,12 +1,10 @@
 package httpapi_test
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -14,12 +12,10 @@ import (
 	"time"
 
 	nanostorage "github.com/micromdm/nanocmd/engine/storage"
-	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/rs/zerolog"
 
 	"github.com/stepcollect/stepcollect/httpapi"
 	"github.com/stepcollect/stepcollect/internal/testkit"
-	"github.com/stepcollect/stepcollect/metrics"
 	"github.com/stepcollect/stepcollect/storage"
 )
 
@@ -260,101 +256,6 @@ func TestV1StepsLimitsNameTheFieldTheCountTheLimitAndTheFlag(t *testing.T) {
 	}
 	if status, raw := post(string(testkit.V1StepJSON(10, 2))); status != http.StatusCreated {
 		t.Errorf("10 ids x 2 commands, at every limit: %d %s, want 201", status, raw)
-	}
-}
-
-// The body budget makes a request wait while others hold it, never refuses
-// it, and gives back what a request that gave up while waiting held.
-func TestBodyBudgetMakesRequestsWaitAndNeverRefusesThem(t *testing.T) {
-	m := metrics.New(nil, nil)
-	// Every body over 1/5 of the budget weighs all of it: one at a time.
-	h := httpapi.New(httpapi.Config{Logger: zerolog.New(zerolog.NewTestWriter(t)), MaxBody: 4096, MaxInflightBodyBytes: 4096,
-		Metrics: m.API, Gatherer: m.Registry})
-	srv := httptest.NewServer(h)
-	defer srv.Close()
-	inflight := func() float64 { return testutil.ToFloat64(m.API.InflightBodyBytes) }
-	awaitInflight := func(want float64) {
-		t.Helper()
-		testkit.WaitUntil(t, 10*time.Second, fmt.Sprintf("%v in-flight body bytes", want), func() (bool, any) {
-			got := inflight()
-			return got == want, got
-		})
-	}
-	ignored := `{"topic":"mdm.TokenUpdate","pad":"` + strings.Repeat("x", 2000) + `"}`
-
-	// A client sends its headers and half its body, and holds the budget.
-	conn, err := net.Dial("tcp", srv.Listener.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	fmt.Fprintf(conn, "POST /webhook HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(ignored), ignored[:1000])
-	awaitInflight(4096)
-
-	// A second waits, unanswered, for as long as the first holds it.
-	second := make(chan int, 1)
-	go func() {
-		resp, err := http.Post(srv.URL+"/webhook", "application/json", strings.NewReader(ignored))
-		if err != nil {
-			second <- -1
-			return
-		}
-		resp.Body.Close()
-		second <- resp.StatusCode
-	}()
-	// A third gives up while it waits.
-	ctx, cancel := context.WithCancel(context.Background())
-	third := make(chan error, 1)
-	go func() {
-		req, _ := http.NewRequestWithContext(ctx, "POST", srv.URL+"/webhook", strings.NewReader(ignored))
-		resp, err := http.DefaultClient.Do(req)
-		if err == nil {
-			resp.Body.Close()
-		}
-		third <- err
-	}()
-	select {
-	case status := <-second:
-		t.Fatalf("the second request was answered %d while the first held the whole budget", status)
-	case <-time.After(300 * time.Millisecond):
-	}
-	cancel()
-	if err := <-third; err == nil {
-		t.Error("the third request was answered although its client gave up")
-	}
-
-	// The first sends the rest: both are answered 200, and the budget is whole again.
-	if _, err := io.WriteString(conn, ignored[1000:]); err != nil {
-		t.Fatal(err)
-	}
-	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != 200 {
-		t.Errorf("first: %d, want 200", resp.StatusCode)
-	}
-	select {
-	case status := <-second:
-		if status != 200 {
-			t.Errorf("second: %d, want 200", status)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the second request was not answered once the budget was free")
-	}
-	awaitInflight(0)
-
-	// Without a Content-Length a body weighs the most it could be, and is read all the same.
-	req, _ := http.NewRequest("POST", srv.URL+"/webhook", io.MultiReader(strings.NewReader(ignored)))
-	req.ContentLength = -1
-	resp, err = http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != 200 || inflight() != 0 {
-		t.Errorf("chunked: %d, in flight after %v", resp.StatusCode, inflight())
 	}
 }
 

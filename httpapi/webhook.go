@@ -17,8 +17,7 @@ import (
 // a failure to commit answers anything else. Redis is never a reason for a
 // non-200: the follow-up work goes to the queue after the commit, and the
 // sweeper finds it if the queue cannot take it.
-func (s *Server) webhook(w http.ResponseWriter, r *http.Request) {
-	body, err := s.readBody(r) // its memory is held against the budget (budgeted)
+func (s *Server) webhook(w http.ResponseWriter, r *http.Request, body []byte, err error) {
 	if err != nil {
 		s.result(metrics.OutcomeRejected)
 		respondError(w, r, err, "reading the webhook body")
