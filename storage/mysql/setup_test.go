@@ -31,7 +31,7 @@ type setupOpts struct {
 	extra     []mysql.Option
 }
 
-func setup(t *testing.T, o *setupOpts) *bundle {
+func setup(t testing.TB, o *setupOpts) *bundle {
 	t.Helper()
 	if o == nil {
 		o = &setupOpts{}

@@ -40,7 +40,7 @@ func (s *Storage) RetrieveStepsToEnqueue(ctx context.Context, pushTime time.Time
 // the workflow engine learns of due steps through the outbox.
 func (s *Storage) SendDueSteps(ctx context.Context, now time.Time) (int, error) {
 	refs, err := dueSteps(ctx, s, now, func(ctx context.Context, tx *sql.Tx, stepID int64, se *nanostorage.StepEnqueueing) (storage.OutboxRef, error) {
-		return insertEvent(ctx, tx, events.Due(stepID, se, now), "")
+		return s.insertEvent(ctx, tx, events.Due(stepID, se, now), "")
 	})
 	s.eventsWritten(ctx, refs) // those of the batches that committed
 	return len(refs), err
@@ -156,7 +156,7 @@ func (s *Storage) RetrieveTimedOutSteps(ctx context.Context) ([]*nanostorage.Ste
 // RetrieveTimedOutSteps.
 func (s *Storage) TimeOutSteps(ctx context.Context, now time.Time) (int, error) {
 	refs, err := timedOutSteps(ctx, s, now, func(ctx context.Context, tx *sql.Tx, stepID int64, r *nanostorage.StepResult) (storage.OutboxRef, error) {
-		return insertEvent(ctx, tx, events.FromStepResult(events.StepTimedOut, stepID, r, now), r.IDs[0])
+		return s.insertEvent(ctx, tx, events.FromStepResult(events.StepTimedOut, stepID, r, now), r.IDs[0])
 	})
 	s.eventsWritten(ctx, refs) // those of the batches that committed
 	return len(refs), err
