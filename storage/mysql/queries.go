@@ -189,6 +189,19 @@ FOR UPDATE`
 	qDeleteTimedOutRows = `
 DELETE FROM id_commands WHERE enrollment_id IN (?) AND step_id = ?`
 
+	// Setting aside a due or timed-out step whose event cannot be written:
+	// its time is cleared (so the claims above pass over it, as they pass
+	// over a sent step) and kept, with the reason, in stepcollect_set_aside.
+	qLockStepTimes = `
+SELECT not_until, timeout FROM steps WHERE id = ? FOR UPDATE`
+	qClearTimeout = `
+UPDATE steps SET timeout = NULL WHERE id = ?`
+	// Upsert through a derived table (see qRecordWorkflowStarted).
+	qRecordSetAside = `
+INSERT INTO stepcollect_set_aside (step_id, event_type, was_at, reason)
+SELECT * FROM (SELECT ? AS s, ? AS t, ? AS w, ? AS r) AS x
+ON DUPLICATE KEY UPDATE was_at = x.w, reason = x.r, created_at = CURRENT_TIMESTAMP(6)`
+
 	// Worker: APNs re-push. Claimed with SKIP LOCKED so two workers never
 	// push the same enrollment twice for one interval.
 	qClaimRePush = `

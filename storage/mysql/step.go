@@ -41,6 +41,9 @@ func (s *Storage) StoreStepID(ctx context.Context, step *nanostorage.StepEnqueui
 	if err := validateStep(step); err != nil {
 		return 0, err
 	}
+	if err := s.checkStepSize(step); err != nil {
+		return 0, err
+	}
 	var lastPush sql.NullTime
 	if step.NotUntil.IsZero() {
 		// sent now by the caller; NotUntil steps get theirs when sent.
@@ -73,13 +76,8 @@ func (s *Storage) StoreStepID(ctx context.Context, step *nanostorage.StepEnqueui
 		}
 		prevStepID = stepID
 		if !step.NotUntil.IsZero() {
-			vals := make([]any, 0, 4*len(step.Commands))
-			for _, c := range step.Commands {
-				vals = append(vals, stepID, c.CommandUUID, c.RequestType, c.Command)
-			}
-			q := qCreateStepCommands + rowsOf(qCreateStepCommandsRow, len(step.Commands))
-			if _, err := tx.ExecContext(ctx, q, vals...); err != nil {
-				return fmt.Errorf("inserting raw commands of step %d: %w", stepID, err)
+			if err := s.insertRawCommands(ctx, tx, stepID, step.Commands); err != nil {
+				return err
 			}
 		}
 		// Rows are built one INSERT at a time, never ids x commands at
@@ -116,6 +114,89 @@ func (s *Storage) StoreStepID(ctx context.Context, step *nanostorage.StepEnqueui
 		return 0, fmt.Errorf("storing step (workflow %s, instance %s, %d ids): %w", step.WorkflowName, step.InstanceID, len(step.IDs), dataError(err))
 	}
 	return stepID, nil
+}
+
+// insertRawCommands stores a NotUntil step's raw commands, as many to a
+// statement as fit the server's packet.
+func (s *Storage) insertRawCommands(ctx context.Context, tx *sql.Tx, stepID int64, cmds []nanostorage.StepCommandRaw) error {
+	for len(cmds) > 0 {
+		n, size := 0, stmtOverhead
+		for n < len(cmds) {
+			row := rawCommandRowCost(cmds[n])
+			if n > 0 && size+row > s.maxPacket {
+				break
+			}
+			n, size = n+1, size+row
+		}
+		vals := make([]any, 0, 4*n)
+		for _, c := range cmds[:n] {
+			vals = append(vals, stepID, c.CommandUUID, c.RequestType, c.Command)
+		}
+		q := qCreateStepCommands + rowsOf(qCreateStepCommandsRow, n)
+		if _, err := tx.ExecContext(ctx, q, vals...); err != nil {
+			return fmt.Errorf("inserting raw commands of step %d: %w", stepID, err)
+		}
+		cmds = cmds[n:]
+	}
+	return nil
+}
+
+// rawCommandRowCost bounds one raw command's row in its INSERT.
+func rawCommandRowCost(c nanostorage.StepCommandRaw) int {
+	return 64 + textCost(c.CommandUUID) + textCost(c.RequestType) + escapedLen(c.Command)
+}
+
+// checkStepSize refuses a step whose statements, or whose events, could
+// not be written under the server's packet, before anything is: every
+// event names the step's names and carries its context; each
+// enrollment's step.completed or step.timed_out lists every command (the
+// results are checked as they come); a NotUntil step's step.due carries
+// every id and every raw command.
+func (s *Storage) checkStepSize(step *nanostorage.StepEnqueuingWithConfig) error {
+	if n := stmtOverhead + escapedLen(step.Context); n > s.maxPacket {
+		return s.tooLarge(fmt.Sprintf("context: its statement (%d bytes of context)", len(step.Context)), n)
+	}
+	if !step.NotUntil.IsZero() {
+		for i, c := range step.Commands {
+			if n := stmtOverhead + rawCommandRowCost(c); n > s.maxPacket {
+				return s.tooLarge(fmt.Sprintf("commands[%d].command: its statement (%d bytes of command)", i, len(c.Command)), n)
+			}
+		}
+	}
+	if !s.outbox {
+		return nil
+	}
+	var base eventSize
+	base.step(step.WorkflowName, step.InstanceID, step.Name, len(step.Context))
+	longest := ""
+	for _, id := range step.IDs {
+		if len(id) > len(longest) {
+			longest = id
+		}
+	}
+	each := base
+	each.id(longest)
+	for _, c := range step.Commands {
+		each.command(c.CommandUUID, c.RequestType, 0)
+	}
+	if int(each) > s.eventLimit() {
+		return s.tooLarge(fmt.Sprintf("step: each enrollment's step.completed event, before any result (%d commands, %d bytes of context)", len(step.Commands), len(step.Context)), int(each))
+	}
+	if step.NotUntil.IsZero() {
+		return nil
+	}
+	due, raw := base, 0
+	for _, id := range step.IDs {
+		due.id(id)
+	}
+	for _, c := range step.Commands {
+		due.command(c.CommandUUID, c.RequestType, len(c.Command))
+		raw += len(c.Command)
+	}
+	if int(due) > s.eventLimit() {
+		return s.tooLarge(fmt.Sprintf("step: its step.due event (%d ids, %d commands, %d bytes of raw commands)", len(step.IDs), len(step.Commands), raw), int(due))
+	}
+	return nil
 }
 
 // conflict names the enrollment and command UUID behind a duplicate-key

@@ -55,18 +55,24 @@ type dueStepFn[T any] func(ctx context.Context, tx *sql.Tx, stepID int64, se *na
 // what emit returned for the batches that committed: a batch whose
 // transaction is retried starts again from nothing, so a rolled-back try
 // never shows up twice (or at all).
+//
+// A step whose event cannot be written is set aside (see setAside), and
+// the steps behind it go on: a batch that fails for a step's data is run
+// again one step at a time, and the step that fails alone is the one.
 func dueSteps[T any](ctx context.Context, s *Storage, pushTime time.Time, emit dueStepFn[T]) ([]T, error) {
 	var out []T
+	limit := dueStepsPerBatch
 	for {
 		claimed := 0
 		var batch []T
+		var alone int64 // the one step claimed, in a batch of one
 		err := s.inTx(ctx, storage.OpDueSteps, func(ctx context.Context, tx *sql.Tx, _ *attempt) error {
-			claimed, batch = 0, nil
+			claimed, batch, alone = 0, nil, 0
 			type dueRow struct {
 				id int64
 				se *nanostorage.StepEnqueueing
 			}
-			rows, err := queryList(ctx, tx, qClaimDueSteps, []any{dbTime(pushTime), dueStepsPerBatch}, func(rs *sql.Rows) (dueRow, error) {
+			rows, err := queryList(ctx, tx, qClaimDueSteps, []any{dbTime(pushTime), limit}, func(rs *sql.Rows) (dueRow, error) {
 				r := dueRow{se: &nanostorage.StepEnqueueing{}}
 				var name sql.NullString
 				err := rs.Scan(&r.id, &r.se.WorkflowName, &r.se.InstanceID, &name)
@@ -79,6 +85,9 @@ func dueSteps[T any](ctx context.Context, s *Storage, pushTime time.Time, emit d
 			claimed = len(rows)
 			if claimed == 0 {
 				return nil
+			}
+			if limit == 1 {
+				alone = rows[0].id
 			}
 			byID := make(map[int64]*nanostorage.StepEnqueueing, len(rows))
 			stepIDs := make([]int64, len(rows))
@@ -129,10 +138,23 @@ func dueSteps[T any](ctx context.Context, s *Storage, pushTime time.Time, emit d
 			return nil
 		})
 		if err != nil {
-			return out, fmt.Errorf("retrieving due steps: %w", err)
+			switch {
+			case !setAsideable(err) || ctx.Err() != nil:
+				return out, fmt.Errorf("retrieving due steps: %w", err)
+			case limit > 1:
+				limit = 1 // which step was it?
+			case alone != 0:
+				if err := s.setAside(ctx, alone, events.StepDue, err); err != nil {
+					return out, fmt.Errorf("retrieving due steps: %w", err)
+				}
+				limit = dueStepsPerBatch
+			default:
+				return out, fmt.Errorf("retrieving due steps: %w", err)
+			}
+			continue
 		}
 		out = append(out, batch...)
-		if claimed < dueStepsPerBatch {
+		if claimed < limit {
 			return out, nil
 		}
 	}
@@ -180,18 +202,22 @@ const (
 // timedOutSteps claims timed-out steps in batches and hands each
 // enrollment's result to emit. Like dueSteps, it returns what emit returned
 // for the transactions that committed, and nothing of a rolled-back try.
+//
+// A step whose event cannot be written is set aside, as in dueSteps.
 func timedOutSteps[T any](ctx context.Context, s *Storage, now time.Time, emit timedOutFn[T]) ([]T, error) {
 	var out []T
+	limit := timedOutStepsPerBatch
 	for {
 		more := false
 		var batch []T
+		var alone int64 // the one step claimed, in a batch of one
 		err := s.inTx(ctx, storage.OpTimeOutSteps, func(ctx context.Context, tx *sql.Tx, _ *attempt) error {
-			more, batch = false, nil
+			more, batch, alone = false, nil, 0
 			type stepRow struct {
 				id  int64
 				ctx nanostorage.StepContext
 			}
-			steps, err := queryList(ctx, tx, qClaimTimedOutSteps, []any{dbTime(now), timedOutStepsPerBatch}, func(rs *sql.Rows) (stepRow, error) {
+			steps, err := queryList(ctx, tx, qClaimTimedOutSteps, []any{dbTime(now), limit}, func(rs *sql.Rows) (stepRow, error) {
 				var r stepRow
 				var name sql.NullString
 				err := rs.Scan(&r.id, &r.ctx.WorkflowName, &r.ctx.InstanceID, &name, &r.ctx.Context)
@@ -201,7 +227,10 @@ func timedOutSteps[T any](ctx context.Context, s *Storage, now time.Time, emit t
 			if err != nil {
 				return fmt.Errorf("claiming timed-out steps: %w", err)
 			}
-			more = len(steps) == timedOutStepsPerBatch
+			more = len(steps) == limit
+			if limit == 1 && len(steps) == 1 {
+				alone = steps[0].id
+			}
 			budget := timeOutBudget{ids: timedOutIDsPerTx, bytes: timedOutBytesPerTx}
 			var finished []int64
 			for _, st := range steps {
@@ -234,7 +263,20 @@ func timedOutSteps[T any](ctx context.Context, s *Storage, now time.Time, emit t
 			return nil
 		})
 		if err != nil {
-			return out, fmt.Errorf("retrieving timed-out steps: %w", err)
+			switch {
+			case !setAsideable(err) || ctx.Err() != nil:
+				return out, fmt.Errorf("retrieving timed-out steps: %w", err)
+			case limit > 1:
+				limit = 1 // which step was it?
+			case alone != 0:
+				if err := s.setAside(ctx, alone, events.StepTimedOut, err); err != nil {
+					return out, fmt.Errorf("retrieving timed-out steps: %w", err)
+				}
+				limit = timedOutStepsPerBatch
+			default:
+				return out, fmt.Errorf("retrieving timed-out steps: %w", err)
+			}
+			continue
 		}
 		out = append(out, batch...)
 		if !more {
