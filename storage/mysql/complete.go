@@ -47,8 +47,7 @@ func (s *Storage) StoreCommandResponseAndRetrieveCompletedStep(ctx context.Conte
 	case len(sc.ResultReport) > maxMediumText:
 		return nil, storage.Errorf(storage.ETooLarge, "result: %d bytes, more than the %d the result column holds (enrollment %s, command %s)", len(sc.ResultReport), maxMediumText, id, sc.CommandUUID)
 	case escapedLen(sc.ResultReport)+stmtOverhead > s.maxPacket:
-		return nil, fmt.Errorf("storing result (enrollment %s, command %s): %w", id, sc.CommandUUID,
-			s.tooLarge(fmt.Sprintf("result: its statement (%d bytes of result)", len(sc.ResultReport)), escapedLen(sc.ResultReport)+stmtOverhead))
+		return nil, s.tooLarge("result", fmt.Sprintf("its statement (%d bytes of result; enrollment %s, command %s)", len(sc.ResultReport), id, sc.CommandUUID), escapedLen(sc.ResultReport)+stmtOverhead)
 	}
 	if !sc.Completed {
 		return nil, s.storeNotNow(ctx, id, sc.CommandUUID)
@@ -162,6 +161,10 @@ func (s *Storage) StoreCommandResponseAndRetrieveCompletedStep(ctx context.Conte
 		return nil
 	})
 	s.observer.ResultCommitted(time.Since(start), ret != nil, err)
+	var le *limitError
+	if errors.As(err, &le) {
+		return nil, le
+	}
 	if err != nil {
 		if errors.Is(err, storage.ErrUnknownCommand) || stepID == 0 {
 			return nil, fmt.Errorf("storing result (enrollment %s, command %s): %w", id, sc.CommandUUID, dataError(err))
@@ -242,13 +245,17 @@ func (s *Storage) checkCompletedEvent(ctx context.Context, tx *sql.Tx, stepID in
 	if step, ok := s.steps.get(stepID); ok {
 		size.step(step.WorkflowName, step.InstanceID, step.Name, len(step.Context))
 	} else {
-		var wf, inst string
+		var step nanostorage.StepContext
 		var name sql.NullString
 		var contextLen int
-		if err := tx.QueryRowContext(ctx, qGetStepSizes, stepID).Scan(&wf, &inst, &name, &contextLen); err != nil {
+		if err := tx.QueryRowContext(ctx, qGetStepSizes, stepID).Scan(&step.WorkflowName, &step.InstanceID, &name, &contextLen, &step.Context); err != nil {
 			return fmt.Errorf("reading the size of step %d: %w", stepID, err)
 		}
-		size.step(wf, inst, name.String, contextLen)
+		step.Name = name.String
+		if contextLen <= maxCachedContext {
+			s.steps.put(stepID, step)
+		}
+		size.step(step.WorkflowName, step.InstanceID, step.Name, contextLen)
 	}
 	size.id(id)
 	stored := 0
@@ -261,7 +268,7 @@ func (s *Storage) checkCompletedEvent(ctx context.Context, tx *sql.Tx, stepID in
 		stored += r.resultLen
 	}
 	if int(size) > s.eventLimit() {
-		return s.tooLarge(fmt.Sprintf("result: the step.completed event of this enrollment's step with this result (%d bytes) and the %d bytes of results stored before it", n, stored), int(size))
+		return s.tooLarge("result", fmt.Sprintf("its step.completed (%d bytes of result, %d stored before it; enrollment %s, command %s, step %d)", n, stored, id, own.commandUUID, stepID), int(size))
 	}
 	return nil
 }

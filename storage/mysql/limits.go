@@ -5,6 +5,8 @@ import (
 	"database/sql"
 	"fmt"
 
+	nanostorage "github.com/micromdm/nanocmd/engine/storage"
+
 	"github.com/stepcollect/stepcollect/storage"
 )
 
@@ -41,12 +43,20 @@ func readMaxPacket(ctx context.Context, db *sql.DB) (int, error) {
 // eventLimit is the most bytes an event may take, as its INSERT sends it.
 func (s *Storage) eventLimit() int { return s.maxPacket - stmtOverhead }
 
-// tooLarge is the refusal of something whose event (or statement) would
-// take n bytes: one line naming the limit and where it comes from.
-func (s *Storage) tooLarge(what string, n int) error {
-	return storage.Errorf(storage.ETooLarge, "%s would take %d bytes, more than the %d bytes an event or statement may take (derived from the server's max_allowed_packet, %d bytes)",
-		what, n, s.eventLimit(), s.maxPacket)
+// tooLarge refuses field because what it makes (detail) would take n
+// bytes: one line, the limit and where it comes from first, so that a
+// shortened answer still names them.
+func (s *Storage) tooLarge(field, detail string, n int) error {
+	return &limitError{storage.Errorf(storage.ETooLarge, "%s: over the %d-byte limit derived from the server's max_allowed_packet (%d bytes): %s would take %d bytes",
+		field, s.eventLimit(), s.maxPacket, detail, n)}
 }
+
+// limitError is a refusal by tooLarge. Its message already names what was
+// refused, and is returned as it is, not behind the operation's prefix.
+type limitError struct{ err *storage.Error }
+
+func (e *limitError) Error() string { return e.err.Message }
+func (e *limitError) Unwrap() error { return e.err }
 
 // b64Len is the length of the standard base64 of n bytes.
 func b64Len(n int) int { return (n + 2) / 3 * 4 }
@@ -98,4 +108,62 @@ func (e *eventSize) id(id string) { *e += eventSize(eventIDOverhead + textCost(i
 // command adds one command with a result or raw command of n bytes.
 func (e *eventSize) command(uuid, requestType string, n int) {
 	*e += eventSize(eventCommandOverhead + textCost(uuid) + textCost(requestType) + b64Len(n))
+}
+
+// rawCommandRowCost bounds one raw command's row in its INSERT.
+func rawCommandRowCost(c nanostorage.StepCommandRaw) int {
+	return 64 + textCost(c.CommandUUID) + textCost(c.RequestType) + escapedLen(c.Command)
+}
+
+// checkStepSize refuses a step whose statements, or whose events, could
+// not be written under the server's packet, before anything is: every
+// event names the step's names and carries its context; each
+// enrollment's step.completed or step.timed_out lists every command (the
+// results are checked as they come); a NotUntil step's step.due carries
+// every id and every raw command.
+func (s *Storage) checkStepSize(step *nanostorage.StepEnqueuingWithConfig) error {
+	if n := stmtOverhead + escapedLen(step.Context); n > s.maxPacket {
+		return s.tooLarge("context", fmt.Sprintf("its statement (%d bytes of context)", len(step.Context)), n)
+	}
+	if !step.NotUntil.IsZero() {
+		for i, c := range step.Commands {
+			if n := stmtOverhead + rawCommandRowCost(c); n > s.maxPacket {
+				return s.tooLarge(fmt.Sprintf("commands[%d].command", i), fmt.Sprintf("its statement (%d bytes of command)", len(c.Command)), n)
+			}
+		}
+	}
+	if !s.outbox {
+		return nil
+	}
+	var base eventSize
+	base.step(step.WorkflowName, step.InstanceID, step.Name, len(step.Context))
+	longest := ""
+	for _, id := range step.IDs {
+		if len(id) > len(longest) {
+			longest = id
+		}
+	}
+	each := base
+	each.id(longest)
+	for _, c := range step.Commands {
+		each.command(c.CommandUUID, c.RequestType, 0)
+	}
+	if int(each) > s.eventLimit() {
+		return s.tooLarge("step", fmt.Sprintf("each enrollment's step.completed before any result (%d commands, %d bytes of context)", len(step.Commands), len(step.Context)), int(each))
+	}
+	if step.NotUntil.IsZero() {
+		return nil
+	}
+	due, raw := base, 0
+	for _, id := range step.IDs {
+		due.id(id)
+	}
+	for _, c := range step.Commands {
+		due.command(c.CommandUUID, c.RequestType, len(c.Command))
+		raw += len(c.Command)
+	}
+	if int(due) > s.eventLimit() {
+		return s.tooLarge("step", fmt.Sprintf("its step.due (%d ids, %d commands, %d bytes of raw commands)", len(step.IDs), len(step.Commands), raw), int(due))
+	}
+	return nil
 }

@@ -22,7 +22,7 @@ func (s *Storage) insertEvent(ctx context.Context, tx *sql.Tx, ev *events.Event,
 		return storage.OutboxRef{}, fmt.Errorf("encoding %s event: %w", ev.Type, err)
 	}
 	if n := escapedLen(payload); n > s.eventLimit() {
-		return storage.OutboxRef{}, fmt.Errorf("writing %s event %s to the outbox: %w", ev.Type, ev.EventID, s.tooLarge("the event", n))
+		return storage.OutboxRef{}, fmt.Errorf("writing %s event %s to the outbox: %w", ev.Type, ev.EventID, s.tooLarge("event", "the event", n))
 	}
 	res, err := tx.ExecContext(ctx, qInsertOutbox, ev.EventID, ev.Type, ev.Step.StepID, nullString(enrollment), payload)
 	if err != nil {

@@ -29,6 +29,7 @@ func serverMaxPacket(t *testing.T, db *sql.DB) int {
 // limit the storage derived from max_allowed_packet.
 func requireTooLarge(t *testing.T, err error, store *mysql.Storage) {
 	t.Helper()
+	t.Logf("refused: %v", err)
 	if storage.ErrorCode(err) != storage.ETooLarge {
 		t.Fatalf("got %v (code %q), want a too_large error (413)", err, storage.ErrorCode(err))
 	}

@@ -51,9 +51,13 @@ ORDER BY command_uuid
 FOR UPDATE`
 
 	// The size of a step's event before it is built: its names and the
-	// length of its context. Non-locking, like qGetStep.
+	// length of its context, and the context itself when the step cache
+	// keeps it (64 KiB), so that the rest of a fan-out finds it cached.
+	// Non-locking, like qGetStep.
 	qGetStepSizes = `
-SELECT workflow_name, instance_id, step_name, COALESCE(LENGTH(context), 0) FROM steps WHERE id = ?`
+SELECT workflow_name, instance_id, step_name, COALESCE(LENGTH(context), 0),
+  IF(LENGTH(context) <= 65536, context, NULL)
+FROM steps WHERE id = ?`
 
 	qRecordResult = `
 UPDATE id_commands SET completed = ?, result = ?

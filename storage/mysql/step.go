@@ -141,64 +141,6 @@ func (s *Storage) insertRawCommands(ctx context.Context, tx *sql.Tx, stepID int6
 	return nil
 }
 
-// rawCommandRowCost bounds one raw command's row in its INSERT.
-func rawCommandRowCost(c nanostorage.StepCommandRaw) int {
-	return 64 + textCost(c.CommandUUID) + textCost(c.RequestType) + escapedLen(c.Command)
-}
-
-// checkStepSize refuses a step whose statements, or whose events, could
-// not be written under the server's packet, before anything is: every
-// event names the step's names and carries its context; each
-// enrollment's step.completed or step.timed_out lists every command (the
-// results are checked as they come); a NotUntil step's step.due carries
-// every id and every raw command.
-func (s *Storage) checkStepSize(step *nanostorage.StepEnqueuingWithConfig) error {
-	if n := stmtOverhead + escapedLen(step.Context); n > s.maxPacket {
-		return s.tooLarge(fmt.Sprintf("context: its statement (%d bytes of context)", len(step.Context)), n)
-	}
-	if !step.NotUntil.IsZero() {
-		for i, c := range step.Commands {
-			if n := stmtOverhead + rawCommandRowCost(c); n > s.maxPacket {
-				return s.tooLarge(fmt.Sprintf("commands[%d].command: its statement (%d bytes of command)", i, len(c.Command)), n)
-			}
-		}
-	}
-	if !s.outbox {
-		return nil
-	}
-	var base eventSize
-	base.step(step.WorkflowName, step.InstanceID, step.Name, len(step.Context))
-	longest := ""
-	for _, id := range step.IDs {
-		if len(id) > len(longest) {
-			longest = id
-		}
-	}
-	each := base
-	each.id(longest)
-	for _, c := range step.Commands {
-		each.command(c.CommandUUID, c.RequestType, 0)
-	}
-	if int(each) > s.eventLimit() {
-		return s.tooLarge(fmt.Sprintf("step: each enrollment's step.completed event, before any result (%d commands, %d bytes of context)", len(step.Commands), len(step.Context)), int(each))
-	}
-	if step.NotUntil.IsZero() {
-		return nil
-	}
-	due, raw := base, 0
-	for _, id := range step.IDs {
-		due.id(id)
-	}
-	for _, c := range step.Commands {
-		due.command(c.CommandUUID, c.RequestType, len(c.Command))
-		raw += len(c.Command)
-	}
-	if int(due) > s.eventLimit() {
-		return s.tooLarge(fmt.Sprintf("step: its step.due event (%d ids, %d commands, %d bytes of raw commands)", len(step.IDs), len(step.Commands), raw), int(due))
-	}
-	return nil
-}
-
 // conflict names the enrollment and command UUID behind a duplicate-key
 // error, read after the rollback.
 func (s *Storage) conflict(ctx context.Context, step *nanostorage.StepEnqueuingWithConfig, dupErr error) error {
