@@ -37,9 +37,11 @@ func setAsideable(err error) bool {
 // of NanoCMD's schema; no placeholder event is written, because an event
 // without its commands or results is one the workflow engine cannot act on.
 func (s *Storage) setAside(ctx context.Context, stepID int64, eventType string, cause error) error {
-	reason := strings.Join(strings.Fields(cause.Error()), " ")
+	// One line of valid UTF-8 that fits its column: a reason the server
+	// refused would hold the step back after all.
+	reason := strings.ToValidUTF8(strings.Join(strings.Fields(cause.Error()), " "), "?")
 	if len(reason) > 1000 {
-		reason = reason[:1000]
+		reason = strings.ToValidUTF8(reason[:1000], "")
 	}
 	found := false
 	err := s.inTx(ctx, storage.OpSetAside, func(ctx context.Context, tx *sql.Tx, _ *attempt) error {
