@@ -8,6 +8,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/stepcollect/stepcollect/events"
 	"github.com/stepcollect/stepcollect/storage"
 )
 
@@ -21,6 +22,7 @@ type Storage struct {
 	StepsCollectedTotal prometheus.Counter
 	CollectRuns         *prometheus.CounterVec
 	CollectionLag       prometheus.Histogram
+	EventsSetAside      *prometheus.CounterVec
 }
 
 var _ storage.Observer = (*Storage)(nil)
@@ -55,6 +57,11 @@ func NewStorage(reg prometheus.Registerer) *Storage {
 			Help:      "From the commit that left a step unreferenced to its deletion.",
 			Buckets:   []float64{.005, .01, .025, .05, .1, .2, .3, .5, .75, 1, 1.5, 2, 3, 5, 10, 30, 60, 120, 300, 900},
 		}),
+		EventsSetAside: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace,
+			Name:      "events_set_aside_total",
+			Help:      "Due or timed-out steps whose event (type) could not be written, too large for max_allowed_packet or refused, and which were set aside so that the others go on.",
+		}, []string{"type"}),
 	}
 	// Every series exists from the start, so rate() and alerts see zeros
 	// rather than absent series.
@@ -67,7 +74,10 @@ func NewStorage(reg prometheus.Registerer) *Storage {
 		storage.CollectClaimedElsewhere, storage.CollectGone, storage.CollectError} {
 		m.CollectRuns.WithLabelValues(string(o))
 	}
-	reg.MustRegister(m.ResultCommitSeconds, m.TxRetries, m.StepsCollectedTotal, m.CollectRuns, m.CollectionLag)
+	for _, typ := range []string{events.StepDue, events.StepTimedOut} {
+		m.EventsSetAside.WithLabelValues(typ)
+	}
+	reg.MustRegister(m.ResultCommitSeconds, m.TxRetries, m.StepsCollectedTotal, m.CollectRuns, m.CollectionLag, m.EventsSetAside)
 	return m
 }
 
@@ -78,6 +88,9 @@ func (m *Storage) TxRetried(op, reason string) { m.TxRetries.WithLabelValues(op,
 func (m *Storage) ResultCommitted(d time.Duration, _ bool, _ error) {
 	m.ResultCommitSeconds.Observe(d.Seconds())
 }
+
+// EventSetAside implements storage.Observer.
+func (m *Storage) EventSetAside(eventType string) { m.EventsSetAside.WithLabelValues(eventType).Inc() }
 
 // StepsCollected implements storage.Observer.
 func (m *Storage) StepsCollected(res storage.CollectResult, observedAt []time.Time) {

@@ -79,6 +79,10 @@ type Observer interface {
 	// and, for the collected steps, when each was first observed
 	// unreferenced (zero when unknown).
 	StepsCollected(res CollectResult, observedAt []time.Time)
+	// EventSetAside is called for each due or timed-out step whose event
+	// (of eventType) could not be written, and which was set aside so
+	// that the steps behind it go on.
+	EventSetAside(eventType string)
 }
 
 // Transaction operations, the op label of stepcollect_tx_retries_total.
@@ -96,11 +100,12 @@ const (
 	OpClaimEvents   = "claim events"
 	OpAckEvents     = "acknowledge events"
 	OpRenewLeases   = "renew delivery leases"
+	OpSetAside      = "set aside step"
 )
 
 // TxOps lists every transaction operation.
 var TxOps = []string{OpStoreResult, OpStoreNotNow, OpStoreStep, OpCancelSteps, OpCollectSteps,
-	OpDueSteps, OpTimeOutSteps, OpRePush, OpRecordStarted, OpDeleteOrphans, OpClaimEvents, OpAckEvents, OpRenewLeases}
+	OpDueSteps, OpTimeOutSteps, OpRePush, OpRecordStarted, OpDeleteOrphans, OpClaimEvents, OpAckEvents, OpRenewLeases, OpSetAside}
 
 // Retry reasons, the reason label of stepcollect_tx_retries_total.
 var RetryReasons = []string{"deadlock", "lock_wait_timeout", "connection"}
@@ -111,6 +116,7 @@ type NopObserver struct{}
 func (NopObserver) TxRetried(string, string)                   {}
 func (NopObserver) ResultCommitted(time.Duration, bool, error) {}
 func (NopObserver) StepsCollected(CollectResult, []time.Time)  {}
+func (NopObserver) EventSetAside(string)                       {}
 
 var _ Observer = NopObserver{}
 

@@ -14,12 +14,15 @@ import (
 )
 
 // idCommandRow is one id_commands row of the reporting enrollment.
+// Its result is not read with the lock (see lockEnrollmentStepRows): only
+// its length, and the completion reads the results once it knows it
+// completes.
 type idCommandRow struct {
 	commandUUID string
 	stepID      int64
 	requestType string
 	completed   bool
-	result      []byte
+	resultLen   int
 }
 
 // StoreCommandResponseAndRetrieveCompletedStep commits one command result
@@ -43,6 +46,8 @@ func (s *Storage) StoreCommandResponseAndRetrieveCompletedStep(ctx context.Conte
 		return nil, storage.Errorf(storage.EInvalid, "command_uuid: empty (enrollment %s)", id)
 	case len(sc.ResultReport) > maxMediumText:
 		return nil, storage.Errorf(storage.ETooLarge, "result: %d bytes, more than the %d the result column holds (enrollment %s, command %s)", len(sc.ResultReport), maxMediumText, id, sc.CommandUUID)
+	case escapedLen(sc.ResultReport)+stmtOverhead > s.maxPacket:
+		return nil, s.tooLarge("result", fmt.Sprintf("its statement (%d bytes of result; enrollment %s, command %s)", len(sc.ResultReport), id, sc.CommandUUID), escapedLen(sc.ResultReport)+stmtOverhead)
 	}
 	if !sc.Completed {
 		return nil, s.storeNotNow(ctx, id, sc.CommandUUID)
@@ -92,6 +97,16 @@ func (s *Storage) StoreCommandResponseAndRetrieveCompletedStep(ctx context.Conte
 				outstanding++
 			}
 		}
+		if s.outbox {
+			// Whether the step.completed this result would make (with the
+			// results stored before it) fits, before anything is written:
+			// a stored result is one its event can carry, whenever it
+			// comes, and so is the step.timed_out of the results as they
+			// stand.
+			if err := s.checkCompletedEvent(ctx, tx, stepID, id, rows, own, len(sc.ResultReport)); err != nil {
+				return err
+			}
+		}
 		if outstanding > 0 {
 			// Kept for whichever of this enrollment's commands comes last.
 			// Idempotent, so a retry after a lost COMMIT answer is harmless.
@@ -103,18 +118,10 @@ func (s *Storage) StoreCommandResponseAndRetrieveCompletedStep(ctx context.Conte
 		}
 
 		// The last one: read the step while our rows still pin it (nobody
-		// collects a step that is referenced), then release them. A step's
-		// context never changes, so every enrollment of a fan-out but the
-		// first finds it cached.
-		step, ok := s.steps.get(stepID)
-		if !ok {
-			var stepName sql.NullString
-			err = tx.QueryRowContext(ctx, qGetStep, stepID).Scan(&step.WorkflowName, &step.InstanceID, &stepName, &step.Context)
-			if err != nil {
-				return fmt.Errorf("reading step %d: %w", stepID, err)
-			}
-			step.Name = stepName.String
-			s.steps.put(stepID, step)
+		// collects a step that is referenced), then release them.
+		step, err := s.readStep(ctx, tx, stepID)
+		if err != nil {
+			return err
 		}
 
 		this := *sc
@@ -122,23 +129,29 @@ func (s *Storage) StoreCommandResponseAndRetrieveCompletedStep(ctx context.Conte
 			this.RequestType = own.requestType
 		}
 		ret = &nanostorage.StepResult{StepContext: step, IDs: []string{id}, Commands: []nanostorage.StepCommandResult{this}}
-		for _, r := range rows {
-			if r.commandUUID == sc.CommandUUID {
-				continue
-			}
-			ret.Commands = append(ret.Commands, nanostorage.StepCommandResult{
-				CommandUUID:  r.commandUUID,
-				RequestType:  r.requestType,
-				ResultReport: r.result,
-				Completed:    true,
+		if len(rows) > 1 {
+			// The results stored before this one, read once now that the
+			// step is known to complete: their sizes were checked as each
+			// was stored.
+			results, err := queryList(ctx, tx, qReadEnrollmentStepResults, []any{sc.CommandUUID, id, stepID}, func(rs *sql.Rows) (nanostorage.StepCommandResult, error) {
+				r := nanostorage.StepCommandResult{Completed: true}
+				return r, rs.Scan(&r.CommandUUID, &r.RequestType, &r.ResultReport)
 			})
+			if err != nil {
+				return fmt.Errorf("reading the results of step %d: %w", stepID, err)
+			}
+			for _, r := range results {
+				if r.CommandUUID != sc.CommandUUID {
+					ret.Commands = append(ret.Commands, r)
+				}
+			}
 		}
 
 		if _, err = tx.ExecContext(ctx, qDeleteEnrollmentStepRows, id, stepID); err != nil {
 			return fmt.Errorf("releasing step %d: %w", stepID, err)
 		}
 		if s.outbox {
-			ref, err := insertEvent(ctx, tx, events.FromStepResult(events.StepCompleted, stepID, ret, time.Now()), id)
+			ref, err := s.insertEvent(ctx, tx, events.FromStepResult(events.StepCompleted, stepID, ret, time.Now()), id)
 			if err != nil {
 				return err
 			}
@@ -148,6 +161,10 @@ func (s *Storage) StoreCommandResponseAndRetrieveCompletedStep(ctx context.Conte
 		return nil
 	})
 	s.observer.ResultCommitted(time.Since(start), ret != nil, err)
+	var le *limitError
+	if errors.As(err, &le) {
+		return nil, le
+	}
 	if err != nil {
 		if errors.Is(err, storage.ErrUnknownCommand) || stepID == 0 {
 			return nil, fmt.Errorf("storing result (enrollment %s, command %s): %w", id, sc.CommandUUID, dataError(err))
@@ -191,7 +208,7 @@ func lockEnrollmentStepRows(ctx context.Context, tx *sql.Tx, id, commandUUID str
 	var rows []idCommandRow
 	for rs.Next() {
 		var r idCommandRow
-		if err := rs.Scan(&r.commandUUID, &r.stepID, &r.requestType, &r.completed, &r.result); err != nil {
+		if err := rs.Scan(&r.commandUUID, &r.stepID, &r.requestType, &r.completed, &r.resultLen); err != nil {
 			return nil, fmt.Errorf("locking enrollment rows: %w", err)
 		}
 		rows = append(rows, r)
@@ -200,6 +217,60 @@ func lockEnrollmentStepRows(ctx context.Context, tx *sql.Tx, id, commandUUID str
 		return nil, fmt.Errorf("locking enrollment rows: %w", err)
 	}
 	return rows, nil
+}
+
+// readStep reads step stepID's context. It never changes, so every
+// enrollment of a fan-out but the first finds it cached.
+func (s *Storage) readStep(ctx context.Context, tx *sql.Tx, stepID int64) (nanostorage.StepContext, error) {
+	step, ok := s.steps.get(stepID)
+	if ok {
+		return step, nil
+	}
+	var stepName sql.NullString
+	err := tx.QueryRowContext(ctx, qGetStep, stepID).Scan(&step.WorkflowName, &step.InstanceID, &stepName, &step.Context)
+	if err != nil {
+		return step, fmt.Errorf("reading step %d: %w", stepID, err)
+	}
+	step.Name = stepName.String
+	s.steps.put(stepID, step)
+	return step, nil
+}
+
+// checkCompletedEvent refuses a result of n bytes for own when the
+// step.completed event of id's step, with every result id stored for it
+// and this one, would not fit an outbox INSERT. It reads the step's names
+// and the length of its context, never the context or the results.
+func (s *Storage) checkCompletedEvent(ctx context.Context, tx *sql.Tx, stepID int64, id string, rows []idCommandRow, own *idCommandRow, n int) error {
+	var size eventSize
+	if step, ok := s.steps.get(stepID); ok {
+		size.step(step.WorkflowName, step.InstanceID, step.Name, len(step.Context))
+	} else {
+		var step nanostorage.StepContext
+		var name sql.NullString
+		var contextLen int
+		if err := tx.QueryRowContext(ctx, qGetStepSizes, stepID).Scan(&step.WorkflowName, &step.InstanceID, &name, &contextLen, &step.Context); err != nil {
+			return fmt.Errorf("reading the size of step %d: %w", stepID, err)
+		}
+		step.Name = name.String
+		if contextLen <= maxCachedContext {
+			s.steps.put(stepID, step)
+		}
+		size.step(step.WorkflowName, step.InstanceID, step.Name, contextLen)
+	}
+	size.id(id)
+	stored := 0
+	for _, r := range rows {
+		if r.commandUUID == own.commandUUID {
+			size.command(r.commandUUID, r.requestType, n)
+			continue
+		}
+		size.command(r.commandUUID, r.requestType, r.resultLen)
+		stored += r.resultLen
+	}
+	if int(size) > s.eventLimit() {
+		return s.tooLarge("result", fmt.Sprintf("its step.completed (%d bytes of result, %d stored before it; enrollment %s, command %s, step %d)", n, stored, id, own.commandUUID, stepID), int(size))
+	}
+	return nil
 }
 
 // storeNotNow records that the device answered NotNow: the command stays

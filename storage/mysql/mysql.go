@@ -49,6 +49,9 @@ type Storage struct {
 	outbox    bool
 	sink      storage.EventSink
 	steps     *stepCache
+	// maxPacket is the server's max_allowed_packet (or WithMaxPacket's),
+	// which every statement and so every event must fit.
+	maxPacket int
 
 	maxAttempts int
 	backoffBase time.Duration
@@ -67,6 +70,7 @@ type config struct {
 	maxAttempts int
 	outbox      bool
 	sink        storage.EventSink
+	maxPacket   int
 }
 
 // Option configures a Storage.
@@ -113,6 +117,12 @@ func WithEventSink(sink storage.EventSink) Option { return func(c *config) { c.s
 // a deadlock, a lock wait timeout or a broken connection. Default 10.
 func WithMaxAttempts(n int) Option { return func(c *config) { c.maxAttempts = n } }
 
+// WithMaxPacket takes n bytes as the server's max_allowed_packet instead of
+// reading it at New: for tests that need a small one without changing the
+// server's GLOBAL settings. Sizes are checked against it before anything
+// is committed (docs/reference.md, Limits).
+func WithMaxPacket(n int) Option { return func(c *config) { c.maxPacket = n } }
+
 // New returns a Storage. One of WithDB or WithDSN is required. It does not
 // migrate; call Migrate first (the binaries do, with -migrate).
 func New(opts ...Option) (*Storage, error) {
@@ -152,6 +162,25 @@ func New(opts ...Option) (*Storage, error) {
 			s.db.Close()
 		}
 		return nil, fmt.Errorf("mysql storage: ping: %w", err)
+	}
+	s.maxPacket = cfg.maxPacket
+	if s.maxPacket <= 0 {
+		n, err := readMaxPacket(ctx, s.db)
+		if err != nil {
+			if s.ownDB {
+				s.db.Close()
+			}
+			return nil, err
+		}
+		// The driver refuses to send more than its own limit, whatever the
+		// server takes.
+		s.maxPacket = min(n, clientMaxPacket(cfg.dsn))
+	}
+	if s.maxPacket <= 2*stmtOverhead {
+		if s.ownDB {
+			s.db.Close()
+		}
+		return nil, fmt.Errorf("mysql storage: max_allowed_packet %d bytes: too small to store anything", s.maxPacket)
 	}
 	return s, nil
 }
@@ -207,6 +236,20 @@ func (c sessionConnector) Connect(ctx context.Context) (driver.Conn, error) {
 	}
 	return conn, nil
 }
+
+// clientMaxPacket is the most go-sql-driver sends on a pool from dsn: its
+// maxAllowedPacket, or the driver's default (also for a pool from WithDB,
+// whose DSN the storage does not see).
+func clientMaxPacket(dsn string) int {
+	if mc, err := mysql.ParseDSN(dsn); err == nil && dsn != "" && mc.MaxAllowedPacket > 0 {
+		return mc.MaxAllowedPacket
+	}
+	return driverMaxPacket
+}
+
+// MaxPacket is the max_allowed_packet the storage sizes statements and
+// events against.
+func (s *Storage) MaxPacket() int { return s.maxPacket }
 
 // DB returns the pool the storage uses.
 func (s *Storage) DB() *sql.DB { return s.db }

@@ -13,11 +13,16 @@ import (
 	"github.com/stepcollect/stepcollect/storage"
 )
 
-// insertEvent writes ev to the outbox inside tx and returns its row.
-func insertEvent(ctx context.Context, tx *sql.Tx, ev *events.Event, enrollment string) (storage.OutboxRef, error) {
+// insertEvent writes ev to the outbox inside tx and returns its row. An
+// event its INSERT could not carry is a storage.ETooLarge error, and is
+// never sent: the server would refuse it and drop the connection.
+func (s *Storage) insertEvent(ctx context.Context, tx *sql.Tx, ev *events.Event, enrollment string) (storage.OutboxRef, error) {
 	payload, err := json.Marshal(ev)
 	if err != nil {
 		return storage.OutboxRef{}, fmt.Errorf("encoding %s event: %w", ev.Type, err)
+	}
+	if n := escapedLen(payload); n > s.eventLimit() {
+		return storage.OutboxRef{}, fmt.Errorf("writing %s event %s to the outbox: %w", ev.Type, ev.EventID, s.tooLarge("event", "the event", n))
 	}
 	res, err := tx.ExecContext(ctx, qInsertOutbox, ev.EventID, ev.Type, ev.Step.StepID, nullString(enrollment), payload)
 	if err != nil {

@@ -22,17 +22,42 @@ const (
 SELECT request_type FROM id_commands
 WHERE enrollment_id = ? AND command_uuid = ?`
 
-	// The completion transaction's only read: every row this enrollment
+	// The completion transaction's decision: every row this enrollment
 	// holds for the step that command_uuid belongs to, locked. It is all
 	// the completion decision needs, and nothing another enrollment owns is
-	// touched. An unknown command yields no rows.
+	// touched. An unknown command yields no rows. The results stay on the
+	// server (their lengths size the event): the 39th result of a
+	// 40-command step would otherwise read the 38 before it.
 	qLockEnrollmentStepRows = `
-SELECT command_uuid, step_id, request_type, completed, result
+SELECT command_uuid, step_id, request_type, completed, COALESCE(LENGTH(result), 0)
 FROM id_commands FORCE INDEX (PRIMARY)
 WHERE enrollment_id = ? AND step_id = (
   SELECT step_id FROM id_commands
   WHERE enrollment_id = ? AND command_uuid = ?)
 FOR UPDATE`
+
+	// The completion, once decided: the results of this enrollment's
+	// step, read once (the reporting command's own, which it replaces,
+	// left on the server). The rows are ours already; FOR UPDATE makes it
+	// a current read whatever the isolation level (a REPEATABLE READ
+	// snapshot may predate the lock wait). Same range as the locking read:
+	// a "command_uuid <> ?" would end its scan on the next enrollment's
+	// first row, and wait for whoever holds it.
+	qReadEnrollmentStepResults = `
+SELECT command_uuid, request_type, IF(command_uuid = ?, NULL, result)
+FROM id_commands FORCE INDEX (PRIMARY)
+WHERE enrollment_id = ? AND step_id = ?
+ORDER BY command_uuid
+FOR UPDATE`
+
+	// The size of a step's event before it is built: its names and the
+	// length of its context, and the context itself when the step cache
+	// keeps it (64 KiB), so that the rest of a fan-out finds it cached.
+	// Non-locking, like qGetStep.
+	qGetStepSizes = `
+SELECT workflow_name, instance_id, step_name, COALESCE(LENGTH(context), 0),
+  IF(LENGTH(context) <= 65536, context, NULL)
+FROM steps WHERE id = ?`
 
 	qRecordResult = `
 UPDATE id_commands SET completed = ?, result = ?
@@ -167,6 +192,19 @@ FOR UPDATE`
 
 	qDeleteTimedOutRows = `
 DELETE FROM id_commands WHERE enrollment_id IN (?) AND step_id = ?`
+
+	// Setting aside a due or timed-out step whose event cannot be written:
+	// its time is cleared (so the claims above pass over it, as they pass
+	// over a sent step) and kept, with the reason, in stepcollect_set_aside.
+	qLockStepTimes = `
+SELECT not_until, timeout FROM steps WHERE id = ? FOR UPDATE`
+	qClearTimeout = `
+UPDATE steps SET timeout = NULL WHERE id = ?`
+	// Upsert through a derived table (see qRecordWorkflowStarted).
+	qRecordSetAside = `
+INSERT INTO stepcollect_set_aside (step_id, event_type, was_at, reason)
+SELECT * FROM (SELECT ? AS s, ? AS t, ? AS w, ? AS r) AS x
+ON DUPLICATE KEY UPDATE was_at = x.w, reason = x.r, created_at = CURRENT_TIMESTAMP(6)`
 
 	// Worker: APNs re-push. Claimed with SKIP LOCKED so two workers never
 	// push the same enrollment twice for one interval.

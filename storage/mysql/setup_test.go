@@ -31,7 +31,7 @@ type setupOpts struct {
 	extra     []mysql.Option
 }
 
-func setup(t *testing.T, o *setupOpts) *bundle {
+func setup(t testing.TB, o *setupOpts) *bundle {
 	t.Helper()
 	if o == nil {
 		o = &setupOpts{}
@@ -124,10 +124,11 @@ type countingObserver struct {
 	mu        chan struct{}
 	retries   map[string]int
 	collected storage.CollectResult
+	setAside  map[string]int
 }
 
 func newCountingObserver() *countingObserver {
-	o := &countingObserver{mu: make(chan struct{}, 1), retries: map[string]int{}, collected: storage.CollectResult{}}
+	o := &countingObserver{mu: make(chan struct{}, 1), retries: map[string]int{}, collected: storage.CollectResult{}, setAside: map[string]int{}}
 	return o
 }
 
@@ -148,6 +149,18 @@ func (o *countingObserver) StepsCollected(res storage.CollectResult, _ []time.Ti
 	for k, v := range res {
 		o.collected[k] += v
 	}
+}
+
+func (o *countingObserver) EventSetAside(typ string) {
+	o.lock()
+	defer o.unlock()
+	o.setAside[typ]++
+}
+
+func (o *countingObserver) setAsideCount(typ string) int {
+	o.lock()
+	defer o.unlock()
+	return o.setAside[typ]
 }
 
 func (o *countingObserver) snapshot() (map[string]int, storage.CollectResult) {

@@ -41,6 +41,9 @@ func (s *Storage) StoreStepID(ctx context.Context, step *nanostorage.StepEnqueui
 	if err := validateStep(step); err != nil {
 		return 0, err
 	}
+	if err := s.checkStepSize(step); err != nil {
+		return 0, err
+	}
 	var lastPush sql.NullTime
 	if step.NotUntil.IsZero() {
 		// sent now by the caller; NotUntil steps get theirs when sent.
@@ -73,13 +76,8 @@ func (s *Storage) StoreStepID(ctx context.Context, step *nanostorage.StepEnqueui
 		}
 		prevStepID = stepID
 		if !step.NotUntil.IsZero() {
-			vals := make([]any, 0, 4*len(step.Commands))
-			for _, c := range step.Commands {
-				vals = append(vals, stepID, c.CommandUUID, c.RequestType, c.Command)
-			}
-			q := qCreateStepCommands + rowsOf(qCreateStepCommandsRow, len(step.Commands))
-			if _, err := tx.ExecContext(ctx, q, vals...); err != nil {
-				return fmt.Errorf("inserting raw commands of step %d: %w", stepID, err)
+			if err := s.insertRawCommands(ctx, tx, stepID, step.Commands); err != nil {
+				return err
 			}
 		}
 		// Rows are built one INSERT at a time, never ids x commands at
@@ -116,6 +114,31 @@ func (s *Storage) StoreStepID(ctx context.Context, step *nanostorage.StepEnqueui
 		return 0, fmt.Errorf("storing step (workflow %s, instance %s, %d ids): %w", step.WorkflowName, step.InstanceID, len(step.IDs), dataError(err))
 	}
 	return stepID, nil
+}
+
+// insertRawCommands stores a NotUntil step's raw commands, as many to a
+// statement as fit the server's packet.
+func (s *Storage) insertRawCommands(ctx context.Context, tx *sql.Tx, stepID int64, cmds []nanostorage.StepCommandRaw) error {
+	for len(cmds) > 0 {
+		n, size := 0, stmtOverhead
+		for n < len(cmds) {
+			row := rawCommandRowCost(cmds[n])
+			if n > 0 && size+row > s.maxPacket {
+				break
+			}
+			n, size = n+1, size+row
+		}
+		vals := make([]any, 0, 4*n)
+		for _, c := range cmds[:n] {
+			vals = append(vals, stepID, c.CommandUUID, c.RequestType, c.Command)
+		}
+		q := qCreateStepCommands + rowsOf(qCreateStepCommandsRow, n)
+		if _, err := tx.ExecContext(ctx, q, vals...); err != nil {
+			return fmt.Errorf("inserting raw commands of step %d: %w", stepID, err)
+		}
+		cmds = cmds[n:]
+	}
+	return nil
 }
 
 // conflict names the enrollment and command UUID behind a duplicate-key

@@ -40,7 +40,7 @@ func (s *Storage) RetrieveStepsToEnqueue(ctx context.Context, pushTime time.Time
 // the workflow engine learns of due steps through the outbox.
 func (s *Storage) SendDueSteps(ctx context.Context, now time.Time) (int, error) {
 	refs, err := dueSteps(ctx, s, now, func(ctx context.Context, tx *sql.Tx, stepID int64, se *nanostorage.StepEnqueueing) (storage.OutboxRef, error) {
-		return insertEvent(ctx, tx, events.Due(stepID, se, now), "")
+		return s.insertEvent(ctx, tx, events.Due(stepID, se, now), "")
 	})
 	s.eventsWritten(ctx, refs) // those of the batches that committed
 	return len(refs), err
@@ -55,18 +55,24 @@ type dueStepFn[T any] func(ctx context.Context, tx *sql.Tx, stepID int64, se *na
 // what emit returned for the batches that committed: a batch whose
 // transaction is retried starts again from nothing, so a rolled-back try
 // never shows up twice (or at all).
+//
+// A step whose event cannot be written is set aside (see setAside), and
+// the steps behind it go on: a batch that fails for a step's data is run
+// again one step at a time, and the step that fails alone is the one.
 func dueSteps[T any](ctx context.Context, s *Storage, pushTime time.Time, emit dueStepFn[T]) ([]T, error) {
 	var out []T
+	limit := dueStepsPerBatch
 	for {
 		claimed := 0
 		var batch []T
+		var alone int64 // the one step claimed, in a batch of one
 		err := s.inTx(ctx, storage.OpDueSteps, func(ctx context.Context, tx *sql.Tx, _ *attempt) error {
-			claimed, batch = 0, nil
+			claimed, batch, alone = 0, nil, 0
 			type dueRow struct {
 				id int64
 				se *nanostorage.StepEnqueueing
 			}
-			rows, err := queryList(ctx, tx, qClaimDueSteps, []any{dbTime(pushTime), dueStepsPerBatch}, func(rs *sql.Rows) (dueRow, error) {
+			rows, err := queryList(ctx, tx, qClaimDueSteps, []any{dbTime(pushTime), limit}, func(rs *sql.Rows) (dueRow, error) {
 				r := dueRow{se: &nanostorage.StepEnqueueing{}}
 				var name sql.NullString
 				err := rs.Scan(&r.id, &r.se.WorkflowName, &r.se.InstanceID, &name)
@@ -79,6 +85,9 @@ func dueSteps[T any](ctx context.Context, s *Storage, pushTime time.Time, emit d
 			claimed = len(rows)
 			if claimed == 0 {
 				return nil
+			}
+			if limit == 1 {
+				alone = rows[0].id
 			}
 			byID := make(map[int64]*nanostorage.StepEnqueueing, len(rows))
 			stepIDs := make([]int64, len(rows))
@@ -129,10 +138,23 @@ func dueSteps[T any](ctx context.Context, s *Storage, pushTime time.Time, emit d
 			return nil
 		})
 		if err != nil {
-			return out, fmt.Errorf("retrieving due steps: %w", err)
+			switch {
+			case !setAsideable(err) || ctx.Err() != nil:
+				return out, fmt.Errorf("retrieving due steps: %w", err)
+			case limit > 1:
+				limit = 1 // which step was it?
+			case alone != 0:
+				if err := s.setAside(ctx, alone, events.StepDue, err); err != nil {
+					return out, fmt.Errorf("retrieving due steps: %w", err)
+				}
+				limit = dueStepsPerBatch
+			default:
+				return out, fmt.Errorf("retrieving due steps: %w", err)
+			}
+			continue
 		}
 		out = append(out, batch...)
-		if claimed < dueStepsPerBatch {
+		if claimed < limit {
 			return out, nil
 		}
 	}
@@ -156,7 +178,7 @@ func (s *Storage) RetrieveTimedOutSteps(ctx context.Context) ([]*nanostorage.Ste
 // RetrieveTimedOutSteps.
 func (s *Storage) TimeOutSteps(ctx context.Context, now time.Time) (int, error) {
 	refs, err := timedOutSteps(ctx, s, now, func(ctx context.Context, tx *sql.Tx, stepID int64, r *nanostorage.StepResult) (storage.OutboxRef, error) {
-		return insertEvent(ctx, tx, events.FromStepResult(events.StepTimedOut, stepID, r, now), r.IDs[0])
+		return s.insertEvent(ctx, tx, events.FromStepResult(events.StepTimedOut, stepID, r, now), r.IDs[0])
 	})
 	s.eventsWritten(ctx, refs) // those of the batches that committed
 	return len(refs), err
@@ -180,18 +202,22 @@ const (
 // timedOutSteps claims timed-out steps in batches and hands each
 // enrollment's result to emit. Like dueSteps, it returns what emit returned
 // for the transactions that committed, and nothing of a rolled-back try.
+//
+// A step whose event cannot be written is set aside, as in dueSteps.
 func timedOutSteps[T any](ctx context.Context, s *Storage, now time.Time, emit timedOutFn[T]) ([]T, error) {
 	var out []T
+	limit := timedOutStepsPerBatch
 	for {
 		more := false
 		var batch []T
+		var alone int64 // the one step claimed, in a batch of one
 		err := s.inTx(ctx, storage.OpTimeOutSteps, func(ctx context.Context, tx *sql.Tx, _ *attempt) error {
-			more, batch = false, nil
+			more, batch, alone = false, nil, 0
 			type stepRow struct {
 				id  int64
 				ctx nanostorage.StepContext
 			}
-			steps, err := queryList(ctx, tx, qClaimTimedOutSteps, []any{dbTime(now), timedOutStepsPerBatch}, func(rs *sql.Rows) (stepRow, error) {
+			steps, err := queryList(ctx, tx, qClaimTimedOutSteps, []any{dbTime(now), limit}, func(rs *sql.Rows) (stepRow, error) {
 				var r stepRow
 				var name sql.NullString
 				err := rs.Scan(&r.id, &r.ctx.WorkflowName, &r.ctx.InstanceID, &name, &r.ctx.Context)
@@ -201,7 +227,10 @@ func timedOutSteps[T any](ctx context.Context, s *Storage, now time.Time, emit t
 			if err != nil {
 				return fmt.Errorf("claiming timed-out steps: %w", err)
 			}
-			more = len(steps) == timedOutStepsPerBatch
+			more = len(steps) == limit
+			if limit == 1 && len(steps) == 1 {
+				alone = steps[0].id
+			}
 			budget := timeOutBudget{ids: timedOutIDsPerTx, bytes: timedOutBytesPerTx}
 			var finished []int64
 			for _, st := range steps {
@@ -234,7 +263,20 @@ func timedOutSteps[T any](ctx context.Context, s *Storage, now time.Time, emit t
 			return nil
 		})
 		if err != nil {
-			return out, fmt.Errorf("retrieving timed-out steps: %w", err)
+			switch {
+			case !setAsideable(err) || ctx.Err() != nil:
+				return out, fmt.Errorf("retrieving timed-out steps: %w", err)
+			case limit > 1:
+				limit = 1 // which step was it?
+			case alone != 0:
+				if err := s.setAside(ctx, alone, events.StepTimedOut, err); err != nil {
+					return out, fmt.Errorf("retrieving timed-out steps: %w", err)
+				}
+				limit = timedOutStepsPerBatch
+			default:
+				return out, fmt.Errorf("retrieving timed-out steps: %w", err)
+			}
+			continue
 		}
 		out = append(out, batch...)
 		if !more {
@@ -295,55 +337,4 @@ func (s *Storage) timeOutStep(ctx context.Context, tx *sql.Tx, stepID int64, sc 
 		budget.ids -= len(c)
 	}
 	return out, done && len(enrollments) == 0, nil
-}
-
-// RetrieveAndMarkRePushed returns the enrollments with a command last pushed
-// before ifBefore and marks those commands pushed at pushTime. Rows are
-// claimed with SKIP LOCKED, so two workers never return the same enrollment
-// for the same commands.
-func (s *Storage) RetrieveAndMarkRePushed(ctx context.Context, ifBefore time.Time, pushTime time.Time) ([]string, error) {
-	if ifBefore.IsZero() {
-		return nil, nil
-	}
-	seen := map[string]bool{}
-	var out []string
-	type key struct{ id, uuid string }
-	for {
-		var keys []key
-		err := s.inTx(ctx, storage.OpRePush, func(ctx context.Context, tx *sql.Tx, _ *attempt) error {
-			var err error
-			keys, err = queryList(ctx, tx, qClaimRePush, []any{dbTime(ifBefore), rePushRowsPerBatch}, func(rs *sql.Rows) (key, error) {
-				var k key
-				return k, rs.Scan(&k.id, &k.uuid)
-			})
-			if err != nil {
-				return fmt.Errorf("claiming rows to re-push: %w", err)
-			}
-			if len(keys) == 0 {
-				return nil
-			}
-			vals := []any{pushTime}
-			for _, k := range keys {
-				vals = append(vals, k.id, k.uuid)
-			}
-			_, err = tx.ExecContext(ctx, expand(qMarkRePushed, len(keys)), vals...)
-			if err != nil {
-				return fmt.Errorf("marking rows re-pushed: %w", err)
-			}
-			return nil
-		})
-		if err != nil {
-			return nil, fmt.Errorf("re-push (before %s): %w", ifBefore.Format(time.RFC3339), err)
-		}
-		for _, k := range keys {
-			if !seen[k.id] {
-				seen[k.id] = true
-				out = append(out, k.id)
-			}
-		}
-		// A pushTime not after ifBefore leaves the rows due: one pass only.
-		if len(keys) < rePushRowsPerBatch || !pushTime.After(ifBefore) {
-			return out, nil
-		}
-	}
 }
