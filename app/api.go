@@ -123,7 +123,7 @@ func NewAPI(ctx context.Context, cfg APIConfig, logger zerolog.Logger) (*API, er
 		MaxStepIDs:      cfg.MaxStepIDs,
 		MaxStepCommands: cfg.MaxStepCommands,
 		MaxStepRows:     cfg.MaxStepRows,
-		Ready:           readyChecks(db, enq, false),
+		Ready:           readyChecks(db, enq, false, d.secrets),
 		Metrics:         m.API,
 		Gatherer:        m.Registry,
 	})
