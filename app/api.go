@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/rs/zerolog"
 
 	"github.com/stepcollect/stepcollect/httpapi"
@@ -18,10 +20,13 @@ import (
 
 // APIConfig is cmd/api's configuration.
 type APIConfig struct {
-	MySQLDSN       string
-	RedisURL       string
-	Migrate        bool
-	Listen         string
+	MySQLDSN string
+	RedisURL string
+	Migrate  bool
+	Listen   string
+	// MetricsListen, when set, serves /metrics there alone (the main
+	// listener then answers 404 for it); empty: on Listen.
+	MetricsListen  string
 	APIKey         string
 	WebhookHMACKey string
 	MaxBodyBytes   int64
@@ -42,6 +47,8 @@ func ParseAPIConfig(args []string, getenv func(string) string) (APIConfig, *conf
 	s := config.New("api", getenv)
 	common := addCommonFlags(s)
 	listen := s.String("listen", "STEPCOLLECT_LISTEN", "127.0.0.1:9100", "address for the webhook, /v1, health and /metrics")
+	metricsListen := s.String("metrics-listen", "STEPCOLLECT_METRICS_LISTEN", "",
+		"address for /metrics alone, which -listen then does not serve; none: /metrics on -listen")
 	apiKey := s.Secret("api-key", "STEPCOLLECT_API_KEY", "API key for /v1/* (Bearer, or basic-auth password); none: /v1 answers 401")
 	hmacKey := s.Secret("webhook-hmac-key", "STEPCOLLECT_WEBHOOK_HMAC_KEY", "NanoMDM's -webhook-hmac-key; none: webhook bodies are not verified")
 	maxBody := s.Int("max-body-bytes", "STEPCOLLECT_MAX_BODY_BYTES", httpapi.DefaultMaxBody, "largest request body accepted (413 above)")
@@ -51,6 +58,12 @@ func ParseAPIConfig(args []string, getenv func(string) string) (APIConfig, *conf
 	stepCommands := s.Int("max-step-commands", "STEPCOLLECT_MAX_STEP_COMMANDS", httpapi.DefaultMaxStepCommands, "most commands in one POST /v1/steps (413 above)")
 	stepRows := s.Int("max-step-rows", "STEPCOLLECT_MAX_STEP_ROWS", httpapi.DefaultMaxStepRows, "most ids x commands in one POST /v1/steps (413 above)")
 	s.Check(config.ListenAddr("listen", listen))
+	s.Check(func() error {
+		if *metricsListen == "" {
+			return nil
+		}
+		return config.ListenAddr("metrics-listen", metricsListen)()
+	})
 	s.Check(func() error {
 		if *maxBody < 1024 {
 			return fmt.Errorf("-max-body-bytes: %d is too small for an MDM result", *maxBody)
@@ -78,7 +91,7 @@ func ParseAPIConfig(args []string, getenv func(string) string) (APIConfig, *conf
 		return APIConfig{}, s, err
 	}
 	return APIConfig{
-		MySQLDSN: *common.dsn, RedisURL: *common.redis, Migrate: *common.migrate, Listen: *listen, APIKey: *apiKey,
+		MySQLDSN: *common.dsn, RedisURL: *common.redis, Migrate: *common.migrate, Listen: *listen, MetricsListen: *metricsListen, APIKey: *apiKey,
 		WebhookHMACKey: *hmacKey, MaxBodyBytes: int64(*maxBody), MaxInflightBodyBytes: int64(*inflight),
 		MaxStepIDs: *stepIDs, MaxStepCommands: *stepCommands, MaxStepRows: *stepRows,
 		LogLevel: *common.level, LogFormat: *common.format, MySQLMaxConns: *common.maxConns,
@@ -99,6 +112,9 @@ type API struct {
 	enq     *tasks.Enqueuer
 	http    *http.Server
 	ln      net.Listener
+	// metricsHTTP serves /metrics on metricsLn when -metrics-listen is set
+	metricsHTTP *http.Server
+	metricsLn   net.Listener
 }
 
 // NewAPI connects to MySQL (migrating it if configured), prepares the
@@ -110,6 +126,11 @@ func NewAPI(ctx context.Context, cfg APIConfig, logger zerolog.Logger) (*API, er
 		return nil, err
 	}
 	db, enq, m := d.db, d.enq, d.metrics
+	// without a Gatherer the main handler has no /metrics route (404)
+	var mainGatherer prometheus.Gatherer = m.Registry
+	if cfg.MetricsListen != "" {
+		mainGatherer = nil
+	}
 	handler := httpapi.New(httpapi.Config{
 		Store:                d.store,
 		Logger:               logger.With().Str("component", "http").Logger(),
@@ -123,17 +144,16 @@ func NewAPI(ctx context.Context, cfg APIConfig, logger zerolog.Logger) (*API, er
 		MaxStepIDs:      cfg.MaxStepIDs,
 		MaxStepCommands: cfg.MaxStepCommands,
 		MaxStepRows:     cfg.MaxStepRows,
-		Ready:           readyChecks(db, enq, false),
+		Ready:           readyChecks(db, enq, false, d.secrets),
 		Metrics:         m.API,
-		Gatherer:        m.Registry,
+		Gatherer:        mainGatherer,
 	})
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
-		enq.Close()
-		db.Close()
+		d.close()
 		return nil, fmt.Errorf("-listen: %w", err)
 	}
-	return &API{
+	a := &API{
 		cfg: cfg, logger: logger, db: db, enq: enq, ln: ln, handoff: d.handoff,
 		http: &http.Server{
 			Handler:           handler,
@@ -142,7 +162,27 @@ func NewAPI(ctx context.Context, cfg APIConfig, logger zerolog.Logger) (*API, er
 			WriteTimeout:      requestTimeout,
 			IdleTimeout:       2 * time.Minute,
 		},
-	}, nil
+	}
+	if cfg.MetricsListen != "" {
+		if a.metricsLn, err = net.Listen("tcp", cfg.MetricsListen); err != nil {
+			ln.Close()
+			d.close()
+			return nil, fmt.Errorf("-metrics-listen: %w", err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("GET /metrics", promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{Registry: m.Registry}))
+		a.metricsHTTP = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
+			WriteTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute}
+	}
+	return a, nil
+}
+
+// MetricsAddr is the address of the -metrics-listen listener, "" without one.
+func (a *API) MetricsAddr() string {
+	if a.metricsLn == nil {
+		return ""
+	}
+	return a.metricsLn.Addr().String()
 }
 
 // Addr is the address the API listens on (useful with port 0).
@@ -158,9 +198,14 @@ func (a *API) Run(ctx context.Context) error {
 	hctx, stopHandoff := context.WithCancel(context.WithoutCancel(ctx))
 	go a.handoff.Run(hctx)
 	defer func() { stopHandoff(); <-a.handoff.Done() }()
-	errc := make(chan error, 1)
+	errc := make(chan error, 2)
 	go func() { errc <- a.http.Serve(a.ln) }()
-	a.logger.Info().Str("listen", "http://"+a.Addr()).Bool("api_key_set", a.cfg.APIKey != "").
+	metricsURL := "http://" + a.Addr() + "/metrics"
+	if a.metricsHTTP != nil {
+		go func() { errc <- a.metricsHTTP.Serve(a.metricsLn) }()
+		metricsURL = "http://" + a.MetricsAddr() + "/metrics"
+	}
+	a.logger.Info().Str("listen", "http://"+a.Addr()).Str("metrics", metricsURL).Bool("api_key_set", a.cfg.APIKey != "").
 		Bool("webhook_hmac", a.cfg.WebhookHMACKey != "").Msg("api started: POST /webhook, /v1/*, /metrics")
 	select {
 	case err := <-errc:
@@ -172,6 +217,9 @@ func (a *API) Run(ctx context.Context) error {
 	defer cancel()
 	if err := a.http.Shutdown(sctx); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return fmt.Errorf("stopping: %w", err)
+	}
+	if a.metricsHTTP != nil {
+		a.metricsHTTP.Close() // scrapes need no draining
 	}
 	a.logger.Info().Msg("api stopped")
 	return nil

@@ -70,6 +70,7 @@ type deps struct {
 	handoff  *tasks.Handoff // the api's, nil in the worker
 	db       *sql.DB
 	store    *stepmysql.Storage
+	secrets  []string // the DSN and the Redis URL, whose passwords no output shows
 }
 
 // openDeps opens them. With collectViaQueue the storage hands released
@@ -79,9 +80,9 @@ type deps struct {
 func openDeps(ctx context.Context, redisURL, dsn string, maxConns int, migrate, collectViaQueue bool, logger zerolog.Logger) (*deps, error) {
 	redisOpt, err := asynq.ParseRedisURI(redisURL)
 	if err != nil {
-		return nil, fmt.Errorf("-redis-url: %w", err)
+		return nil, fmt.Errorf("-redis-url: %w", config.RedactError(err, redisURL))
 	}
-	redis.SetLogger(redisLogger{logger.With().Str("component", "redis").Logger()})
+	redis.SetLogger(redisLogger{logger.With().Str("component", "redis").Logger(), []string{redisURL, dsn}})
 	d := &deps{redisOpt: redisOpt, metrics: newMetrics(redisOpt)}
 	d.enq = tasks.NewEnqueuer(redisOpt, tasks.OnEnqueueFailure(d.metrics.Enqueue.Failed))
 	opts := []stepmysql.Option{stepmysql.WithObserver(d.metrics.Storage), stepmysql.WithOutbox()}
@@ -92,8 +93,9 @@ func openDeps(ctx context.Context, redisURL, dsn string, maxConns int, migrate, 
 	}
 	if d.db, d.store, err = openStorage(ctx, dsn, maxConns, migrate, logger, opts...); err != nil {
 		d.enq.Close()
-		return nil, err
+		return nil, config.RedactError(err, dsn, redisURL)
 	}
+	d.secrets = []string{dsn, redisURL}
 	d.metrics.RegisterDB(d.db)
 	d.metrics.Up("mysql", func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
@@ -113,15 +115,18 @@ func (d *deps) close() {
 // redisLogger routes go-redis's own messages (a Sentinel switching the
 // primary, a bad pub/sub connection) into the JSON logs instead of
 // standard error's plain text.
-type redisLogger struct{ l zerolog.Logger }
+type redisLogger struct {
+	l       zerolog.Logger
+	secrets []string
+}
 
 func (r redisLogger) Printf(_ context.Context, format string, v ...any) {
-	r.l.Info().Msg(fmt.Sprintf(format, v...))
+	r.l.Info().Msg(config.Redact(fmt.Sprintf(format, v...), r.secrets...))
 }
 
 // openStorage opens the pool, migrates if asked, and returns the storage.
 func openStorage(ctx context.Context, dsn string, maxConns int, migrate bool, logger zerolog.Logger, opts ...stepmysql.Option) (*sql.DB, *stepmysql.Storage, error) {
-	mysql.SetLogger(mysqlLogger{logger.With().Str("component", "mysql").Logger()})
+	mysql.SetLogger(mysqlLogger{logger.With().Str("component", "mysql").Logger(), dsn})
 	db, err := stepmysql.OpenDB(dsn)
 	if err != nil {
 		return nil, nil, fmt.Errorf("-mysql-dsn: %w", err)
@@ -171,11 +176,12 @@ const errUnknownDatabase = 1049
 // readyChecks are what /readyz asks: MySQL and Redis. The worker needs
 // both; the api needs MySQL alone (it commits results while Redis is down,
 // and its hand-off keeps what Redis cannot take yet), so for it Redis is
-// informational.
-func readyChecks(db *sql.DB, enq *tasks.Enqueuer, needRedis bool) []httpapi.Check {
+// informational. What a probe's error says of secrets (the DSN's and the
+// Redis URL's passwords) is redacted before the body shows it.
+func readyChecks(db *sql.DB, enq *tasks.Enqueuer, needRedis bool, secrets []string) []httpapi.Check {
 	return []httpapi.Check{
-		{Name: "mysql", Probe: db.PingContext},
-		{Name: "redis", Probe: func(context.Context) error { return enq.Ping() }, Informational: !needRedis},
+		{Name: "mysql", Probe: func(ctx context.Context) error { return config.RedactError(db.PingContext(ctx), secrets...) }},
+		{Name: "redis", Probe: func(context.Context) error { return config.RedactError(enq.Ping(), secrets...) }, Informational: !needRedis},
 	}
 }
 
@@ -187,6 +193,9 @@ func newMetrics(redisOpt asynq.RedisConnOpt) *metrics.Set {
 
 // mysqlLogger routes go-sql-driver's own messages (broken connections) to
 // zerolog instead of the standard logger.
-type mysqlLogger struct{ l zerolog.Logger }
+type mysqlLogger struct {
+	l   zerolog.Logger
+	dsn string
+}
 
-func (m mysqlLogger) Print(v ...any) { m.l.Warn().Msg(fmt.Sprint(v...)) }
+func (m mysqlLogger) Print(v ...any) { m.l.Warn().Msg(config.Redact(fmt.Sprint(v...), m.dsn)) }

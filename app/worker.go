@@ -135,7 +135,7 @@ func NewWorker(ctx context.Context, cfg WorkerConfig, logger zerolog.Logger) (*W
 	hm := http.NewServeMux()
 	hm.Handle("GET /metrics", promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{Registry: m.Registry}))
 	hm.HandleFunc("GET /healthz", func(rw http.ResponseWriter, _ *http.Request) { rw.WriteHeader(http.StatusOK) })
-	hm.HandleFunc("GET /readyz", httpapi.ReadyHandler(readyChecks(db, enq, true)))
+	hm.HandleFunc("GET /readyz", httpapi.ReadyHandler(readyChecks(db, enq, true, d.secrets)))
 	w.http = &http.Server{Handler: hm, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
 		WriteTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute}
 	return w, nil
@@ -166,7 +166,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	go func() { w.sweepOnQueueLoss(ctx); tickers <- struct{}{} }()
 	go func() { w.scheduler.Run(ctx); tickers <- struct{}{} }()
 	go func() { w.dispatcher.Run(ctx); tickers <- struct{}{} }()
-	callback := w.cfg.CallbackURL
+	callback := config.RedactURL(w.cfg.CallbackURL)
 	if callback == "" {
 		callback = "none: events wait in the outbox"
 	}

@@ -18,11 +18,13 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"time"
 
 	"github.com/hibiken/asynq"
 	"github.com/rs/zerolog"
 
+	"github.com/stepcollect/stepcollect/internal/config"
 	"github.com/stepcollect/stepcollect/logkeys"
 	"github.com/stepcollect/stepcollect/metrics"
 	"github.com/stepcollect/stepcollect/storage"
@@ -123,8 +125,19 @@ func (d *Deliverer) ProcessTask(ctx context.Context, t *asynq.Task) error {
 	return nil
 }
 
-// post sends one attempt and classifies its outcome.
+// post sends one attempt and classifies its outcome. Its error names the
+// callback URL with its user information redacted: it is logged and kept
+// as the event's last_error.
 func (d *Deliverer) post(ctx context.Context, ev *storage.OutboxEvent) (string, error) {
+	outcome, err := d.try(ctx, ev)
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		ue.URL = config.RedactURL(ue.URL) // net/http masks the password only
+	}
+	return outcome, config.RedactError(err, d.cfg.URL)
+}
+
+func (d *Deliverer) try(ctx context.Context, ev *storage.OutboxEvent) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, d.cfg.Timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, d.cfg.URL, bytes.NewReader(ev.Payload))
@@ -148,7 +161,7 @@ func (d *Deliverer) post(ctx context.Context, ev *storage.OutboxEvent) (string, 
 	defer resp.Body.Close()
 	io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 	if resp.StatusCode >= 300 && resp.StatusCode <= 399 {
-		return metrics.DeliveryHTTPError, fmt.Errorf("callback answered %s with Location %q: redirects are not followed (point -callback-url at the final URL)", resp.Status, resp.Header.Get("Location"))
+		return metrics.DeliveryHTTPError, fmt.Errorf("callback answered %s with Location %q: redirects are not followed (point -callback-url at the final URL)", resp.Status, config.RedactURL(resp.Header.Get("Location")))
 	}
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		return metrics.DeliveryHTTPError, fmt.Errorf("callback answered %s", resp.Status)

@@ -1,9 +1,11 @@
 package delivery_test
 
 import (
+	"bytes"
 	"context"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -147,5 +149,27 @@ func TestARedirectIsAFailedDeliveryNotFollowed(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(m.Deliveries.WithLabelValues("step.completed", "http_error")); got != 1 {
 		t.Errorf("http_error deliveries %v, want 1", got)
+	}
+}
+
+// A callback URL with credentials that cannot be reached: the failure
+// recorded (the event's last_error) and logged names the host, never the
+// user or password (net/http masks only the password).
+func TestAFailedDeliveryShowsNoCallbackCredentials(t *testing.T) {
+	srv := httptest.NewServer(http.NotFoundHandler())
+	host := srv.Listener.Addr().String()
+	srv.Close() // nothing listens there any more
+	var logs bytes.Buffer
+	st := &fakeStore{}
+	d := delivery.New(delivery.Config{URL: "http://cbuser:S3cretPw@" + host + "/cb"}, st,
+		metrics.NewDelivery(prometheus.NewRegistry(), "step.completed"), zerolog.New(&logs))
+	deliverTask(t)(d)
+	if st.acked || !strings.Contains(st.reason, host) {
+		t.Fatalf("acked %v, reason %q: want a failure naming %s", st.acked, st.reason, host)
+	}
+	for _, secret := range []string{"S3cretPw", "cbuser"} {
+		if strings.Contains(st.reason, secret) || strings.Contains(logs.String(), secret) {
+			t.Errorf("%q shows: reason %q, logs %s", secret, st.reason, logs.String())
+		}
 	}
 }

@@ -42,8 +42,8 @@ type DispatchConfig struct {
 
 // Dispatcher delivers the outbox by polling it: each loop claims a batch of
 // events nobody is delivering (FOR UPDATE SKIP LOCKED, then a lease), POSTs
-// them concurrently, acknowledges the delivered ones in one statement and
-// gives each failed one a backoff. The outbox decides who delivers, so any
+// them concurrently, acknowledges each as its POST succeeds and gives each
+// failed one a backoff. The outbox decides who delivers, so any
 // number of workers may run it, nothing depends on Redis, and an event
 // whose worker died is delivered by another once its lease lapses.
 type Dispatcher struct {
@@ -130,19 +130,26 @@ func (p *Dispatcher) loop(ctx, work context.Context) {
 	}
 }
 
-// deliverBatch POSTs evs concurrently, renewing their leases while any is
-// in flight, then acknowledges the delivered ones at once and backs the
-// failed ones off.
+// deliverBatch POSTs evs concurrently, renewing the lease of each until it
+// is acknowledged or has failed. Each event is acknowledged as soon as its
+// own POST succeeds, never held for the rest of the batch: a lease that
+// lapsed behind a slow sibling would let another loop deliver it again.
 func (p *Dispatcher) deliverBatch(ctx context.Context, evs []*storage.OutboxEvent) {
 	var (
 		mu        sync.Mutex
-		inFlight  = make(map[int64]bool, len(evs))
-		acked     []int64
+		leased    = make(map[int64]bool, len(evs)) // in flight or being acknowledged
 		abandoned int
 		wg        sync.WaitGroup
 	)
 	for _, ev := range evs {
-		inFlight[ev.ID] = true
+		leased[ev.ID] = true
+	}
+	release := func(ids ...int64) {
+		mu.Lock()
+		for _, id := range ids {
+			delete(leased, id)
+		}
+		mu.Unlock()
 	}
 	renewDone := make(chan struct{})
 	go func() {
@@ -155,15 +162,24 @@ func (p *Dispatcher) deliverBatch(ctx context.Context, evs []*storage.OutboxEven
 			case <-t.C:
 			}
 			mu.Lock()
-			ids := make([]int64, 0, len(inFlight))
-			for id := range inFlight {
+			ids := make([]int64, 0, len(leased))
+			for id := range leased {
 				ids = append(ids, id)
 			}
 			mu.Unlock()
+			if len(ids) == 0 {
+				continue
+			}
 			if err := p.store.RenewLeases(ctx, ids, p.cfg.Lease); err != nil {
 				p.d.logger.Warn().Err(err).Msg("renewing delivery leases; another worker may deliver these too (the receiver deduplicates on event_id)")
 			}
 		}
+	}()
+	delivered := make(chan int64, len(evs))
+	ackDone := make(chan struct{})
+	go func() {
+		defer close(ackDone)
+		p.acknowledge(ctx, delivered, release)
 	}()
 	for _, ev := range evs {
 		wg.Add(1)
@@ -171,37 +187,59 @@ func (p *Dispatcher) deliverBatch(ctx context.Context, evs []*storage.OutboxEven
 			defer wg.Done()
 			outcome, err := p.d.post(ctx, ev)
 			p.d.metrics.Deliveries.WithLabelValues(ev.Type, outcome).Inc()
-			mu.Lock()
-			delete(inFlight, ev.ID)
 			if err == nil {
-				acked = append(acked, ev.ID)
+				delivered <- ev.ID // keeps its lease until acknowledged
+				return
 			}
-			mu.Unlock()
-			if err != nil && ctx.Err() != nil {
+			release(ev.ID)
+			if ctx.Err() != nil {
 				mu.Lock()
 				abandoned++ // stopping: its lease lapses, another worker takes it
 				mu.Unlock()
 				return
 			}
-			if err != nil {
-				retryAt := time.Now().Add(p.backoff(ev.Attempts))
-				if ferr := p.store.FailEvent(ctx, ev.ID, err.Error(), retryAt); ferr != nil {
-					p.d.logger.Warn().Err(ferr).Int64(logkeys.OutboxID, ev.ID).Msg("recording the failed delivery; its lease lapses instead")
-				}
-				p.d.logger.Info().Err(err).Int64(logkeys.OutboxID, ev.ID).Str(logkeys.EventID, ev.EventID).Str(logkeys.EventType, ev.Type).
-					Int(logkeys.Attempt, ev.Attempts).Time("retry_at", retryAt).Msg("delivery failed; will retry")
+			retryAt := time.Now().Add(p.backoff(ev.Attempts))
+			if ferr := p.store.FailEvent(ctx, ev.ID, err.Error(), retryAt); ferr != nil {
+				p.d.logger.Warn().Err(ferr).Int64(logkeys.OutboxID, ev.ID).Msg("recording the failed delivery; its lease lapses instead")
 			}
+			p.d.logger.Info().Err(err).Int64(logkeys.OutboxID, ev.ID).Str(logkeys.EventID, ev.EventID).Str(logkeys.EventType, ev.Type).
+				Int(logkeys.Attempt, ev.Attempts).Time("retry_at", retryAt).Msg("delivery failed; will retry")
 		}()
 	}
 	wg.Wait()
+	close(delivered)
+	<-ackDone
 	close(renewDone)
 	if abandoned > 0 {
 		p.d.logger.Info().Int(logkeys.Count, abandoned).Dur("lease", p.cfg.Lease).
 			Msg("stopping: deliveries in flight abandoned; their leases lapse and another worker delivers them")
 	}
-	if len(acked) == 0 {
-		return
+}
+
+// acknowledge removes each delivered event as it arrives. Events delivered
+// while an acknowledgement runs go together in the next statement, so a
+// batch answered at once costs a few statements, not one per event.
+func (p *Dispatcher) acknowledge(ctx context.Context, delivered <-chan int64, release func(...int64)) {
+	for id := range delivered {
+		ids := []int64{id}
+	more:
+		for {
+			select {
+			case id, ok := <-delivered:
+				if !ok {
+					break more
+				}
+				ids = append(ids, id)
+			default:
+				break more
+			}
+		}
+		p.ack(ctx, ids)
+		release(ids...)
 	}
+}
+
+func (p *Dispatcher) ack(ctx context.Context, ids []int64) {
 	if ctx.Err() != nil {
 		// the work context is gone: acknowledge on a short one of our own,
 		// or these delivered events are delivered again
@@ -209,13 +247,13 @@ func (p *Dispatcher) deliverBatch(ctx context.Context, evs []*storage.OutboxEven
 		defer cancel()
 		ctx = actx
 	}
-	if err := p.store.AckEvents(ctx, acked); err != nil {
+	if err := p.store.AckEvents(ctx, ids); err != nil {
 		// delivered but not removed: they will be delivered again once
 		// their lease lapses, which the receiver's dedup on event_id absorbs
-		p.d.logger.Warn().Err(err).Int(logkeys.Count, len(acked)).Msg("removing delivered events")
+		p.d.logger.Warn().Err(err).Int(logkeys.Count, len(ids)).Msg("removing delivered events")
 		return
 	}
-	p.d.logger.Debug().Int(logkeys.Count, len(acked)).Msg("events delivered")
+	p.d.logger.Debug().Int(logkeys.Count, len(ids)).Msg("events delivered")
 }
 
 // backoff is the wait before try attempts+1: 1, 2, 4 … seconds with

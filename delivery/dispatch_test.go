@@ -1,8 +1,13 @@
 package delivery_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
+	"io"
 	"net/http"
+	"net/http/httptest"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -10,6 +15,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/stepcollect/stepcollect/delivery"
+	"github.com/stepcollect/stepcollect/events"
 	"github.com/stepcollect/stepcollect/internal/testkit"
 	"github.com/stepcollect/stepcollect/metrics"
 	stepmysql "github.com/stepcollect/stepcollect/storage/mysql"
@@ -127,5 +133,46 @@ func TestAReceiverThatComesBackIsServedWithinTheBackoffCap(t *testing.T) {
 		t.Errorf("delivered %v after the receiver came back, want within the 1 s backoff cap (and a poll)", took)
 	}
 	awaitOutboxEmpty(t, db)
+	rcv.Check(t)
+}
+
+// An event answered at once is acknowledged then, not when the slowest
+// POST of its batch returns: with a second worker polling, a receiver that
+// answers one event after more than a lease never sees the fast one twice.
+func TestAnAcknowledgedEventIsNotDeliveredAgainWhileItsBatchIsSlow(t *testing.T) {
+	db, store := outboxStore(t)
+	rcv := testkit.NewReceiver(t, testkit.ReceiverOptions{CompletionsOnly: true})
+	completions(t, store, "lap", 2)
+	slow := testkit.EnrollmentID("lap", 1)
+	const lease = time.Second
+	var started atomic.Int32
+	// answers the slow enrollment's event after three leases, the other at once
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		var ev events.Event
+		if json.Unmarshal(body, &ev) == nil && len(ev.Step.IDs) == 1 && ev.Step.IDs[0] == slow {
+			started.Add(1)
+			time.Sleep(3 * lease)
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		rcv.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+
+	runDispatcher(t, delivery.DispatchConfig{Lease: lease}, srv.URL, store)
+	testkit.WaitUntil(t, 15*time.Second, "both events claimed in one batch (fast delivered, slow in flight)", func() (bool, any) {
+		n := rcv.Distinct()
+		return n == 1 && started.Load() == 1, n
+	})
+	// a second worker: it takes whatever lease lapses
+	runDispatcher(t, delivery.DispatchConfig{Lease: lease}, srv.URL, store)
+	awaitDelivered(t, rcv, 2, "both events delivered")
+	awaitOutboxEmpty(t, db)
+	for id, n := range rcv.Redelivered() {
+		t.Errorf("event %s delivered %d times; it was acknowledged with its first 2xx", id, n)
+	}
+	if n := started.Load(); n != 1 {
+		t.Errorf("the slow event was posted %d times, want 1 (its lease is renewed while it runs)", n)
+	}
 	rcv.Check(t)
 }

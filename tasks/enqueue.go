@@ -123,19 +123,36 @@ func (e *Enqueuer) EnqueueSweep(ctx context.Context, slot time.Time, interval ti
 	return e.enqueue(ctx, t, opts)
 }
 
+type noCooldownKey struct{}
+
+// withoutCooldown marks ctx as a last attempt (a stop's final flush): it
+// tries Redis even during the cool-down, since there is no later attempt.
+func withoutCooldown(ctx context.Context) context.Context {
+	return context.WithValue(ctx, noCooldownKey{}, true)
+}
+
 func (e *Enqueuer) enqueue(ctx context.Context, t *asynq.Task, opts []asynq.Option) error {
+	if err := ctx.Err(); err != nil {
+		// the caller gave up: says nothing about Redis
+		return fmt.Errorf("enqueue %s: %w", t.Type(), err)
+	}
 	e.mu.Lock()
 	cooling := time.Now().Before(e.downUntil)
 	e.mu.Unlock()
-	if cooling {
+	if cooling && ctx.Value(noCooldownKey{}) == nil {
 		e.onFail(t.Type())
 		return fmt.Errorf("enqueue %s: %w", t.Type(), ErrRedisCoolingDown)
 	}
-	ctx, cancel := context.WithTimeout(ctx, e.timeout)
+	tctx, cancel := context.WithTimeout(ctx, e.timeout)
 	defer cancel()
-	_, err := e.client.EnqueueContext(ctx, t, opts...)
+	_, err := e.client.EnqueueContext(tctx, t, opts...)
 	if err == nil || errors.Is(err, asynq.ErrTaskIDConflict) || errors.Is(err, asynq.ErrDuplicateTask) {
 		return nil
+	}
+	if ctx.Err() != nil {
+		// cancelled (or out of time) by the caller, not a Redis failure:
+		// no count, no cool-down
+		return fmt.Errorf("enqueue %s: %w", t.Type(), ctx.Err())
 	}
 	e.onFail(t.Type())
 	e.mu.Lock()

@@ -36,6 +36,8 @@ type HandoffConfig struct {
 	RetryEvery time.Duration
 	// OnDrop is called with how many steps were dropped.
 	OnDrop func(n int)
+	// StopTimeout bounds the final flush when Run's context ends. Default 5s.
+	StopTimeout time.Duration
 }
 
 // Handoff is the storage's Collector in the api: it takes the steps each
@@ -72,6 +74,9 @@ func NewHandoff(cfg HandoffConfig, enq StepEnqueuer, logger zerolog.Logger) *Han
 	}
 	if cfg.RetryEvery <= 0 {
 		cfg.RetryEvery = time.Second
+	}
+	if cfg.StopTimeout <= 0 {
+		cfg.StopTimeout = 5 * time.Second
 	}
 	if cfg.OnDrop == nil {
 		cfg.OnDrop = func(int) {}
@@ -121,19 +126,21 @@ func (h *Handoff) Pending() int {
 }
 
 // Run enqueues what arrives until ctx ends, then makes one last attempt
-// (bounded by the enqueue timeout) to hand over what is left.
+// (bounded by StopTimeout) to hand over what is left.
 func (h *Handoff) Run(ctx context.Context) {
 	defer close(h.done)
 	for {
 		select {
 		case <-ctx.Done():
-			h.flush(context.WithoutCancel(ctx))
+			h.finalFlush(ctx)
 			return
 		case <-h.kick:
 		}
 		// gather: everything released within the window rides along
 		select {
 		case <-ctx.Done():
+			h.finalFlush(ctx)
+			return
 		case <-time.After(h.cfg.Window):
 		}
 		if !h.flush(ctx) {
@@ -156,6 +163,17 @@ func (h *Handoff) poke() {
 	}
 }
 
+// finalFlush hands over what is left on a context of its own: ctx is
+// already cancelled, and an enqueuer cooling down after an earlier failure
+// must still be tried, as nothing comes after this attempt.
+func (h *Handoff) finalFlush(ctx context.Context) {
+	fctx, cancel := context.WithTimeout(withoutCooldown(context.WithoutCancel(ctx)), h.cfg.StopTimeout)
+	defer cancel()
+	if !h.flush(fctx) {
+		h.logger.Warn().Int(logkeys.Count, h.Pending()).Msg("stopping: released steps not handed to the queue; the sweeper will find them")
+	}
+}
+
 // flush enqueues everything pending, MaxPerTask steps a task. What cannot
 // be enqueued is put back. It reports whether everything went.
 func (h *Handoff) flush(ctx context.Context) bool {
@@ -173,7 +191,9 @@ func (h *Handoff) flush(ctx context.Context) bool {
 	for len(batch) > 0 {
 		n := min(len(batch), h.cfg.MaxPerTask)
 		if err := h.enq.CollectSteps(ctx, batch[:n]); err != nil {
-			h.logger.Warn().Err(err).Int(logkeys.Count, len(batch)).Msg("handing released steps to the queue; keeping them to try again")
+			if ctx.Err() == nil { // a stop is not a failure: the final flush follows
+				h.logger.Warn().Err(err).Int(logkeys.Count, len(batch)).Msg("handing released steps to the queue; keeping them to try again")
+			}
 			h.putBack(batch)
 			return false
 		}

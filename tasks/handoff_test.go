@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hibiken/asynq"
 	"github.com/rs/zerolog"
 
 	"github.com/stepcollect/stepcollect/internal/testkit"
@@ -150,5 +151,90 @@ func TestHandoffFlushesOnStop(t *testing.T) {
 	<-h.Done()
 	if calls, _ := q.snapshot(); len(enqueued(calls)) != 1 {
 		t.Errorf("enqueued %v on stop, want step 7", calls)
+	}
+}
+
+// stallUntilStop holds the first enqueue until the hand-off is stopped, then
+// passes it on with the (now cancelled) context: a stop that lands while a
+// flush is under way.
+type stallUntilStop struct {
+	tasks.StepEnqueuer
+	entered chan struct{}
+	once    sync.Once
+}
+
+func (s *stallUntilStop) CollectSteps(ctx context.Context, steps []storage.UnreferencedStep) error {
+	s.once.Do(func() { close(s.entered); <-ctx.Done() })
+	return s.StepEnqueuer.CollectSteps(ctx, steps)
+}
+
+// A stop during a flush is not a Redis failure: the steps it carried are
+// enqueued by the final flush (no cool-down in the way), and nothing is
+// counted in stepcollect_enqueue_failures_total.
+func TestHandoffStoppedMidFlushEnqueuesEveryStepAndCountsNoFailure(t *testing.T) {
+	rs := testkit.StartRedis(t)
+	opt, _ := asynq.ParseRedisURI(rs.URL)
+	var mu sync.Mutex
+	var failures []string
+	e := tasks.NewEnqueuer(opt, tasks.OnEnqueueFailure(func(task string) { mu.Lock(); failures = append(failures, task); mu.Unlock() }))
+	defer e.Close()
+	enq := &stallUntilStop{StepEnqueuer: e, entered: make(chan struct{})}
+	h := tasks.NewHandoff(tasks.HandoffConfig{}, enq, zerolog.Nop())
+	ctx, cancel := context.WithCancel(context.Background())
+	go h.Run(ctx)
+	var steps []storage.UnreferencedStep
+	for i := range 200 {
+		steps = append(steps, storage.UnreferencedStep{ID: int64(i + 1), ObservedAt: time.Now()})
+	}
+	h.CollectSteps(context.Background(), steps)
+	<-enq.entered
+	cancel()
+	<-h.Done()
+
+	insp := asynq.NewInspector(opt)
+	defer insp.Close()
+	pending, err := insp.ListPendingTasks(tasks.QueueCollect)
+	if err != nil && !errors.Is(err, asynq.ErrQueueNotFound) { // not found: nothing was enqueued
+		t.Fatal(err)
+	}
+	got := map[int64]bool{}
+	for _, info := range pending {
+		p, err := tasks.ParseCollect(asynq.NewTask(info.Type, info.Payload))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, st := range p.Steps {
+			got[st.ID] = true
+		}
+	}
+	if len(got) != 200 || h.Pending() != 0 {
+		t.Errorf("%d of 200 steps in collect tasks after the stop, %d still pending", len(got), h.Pending())
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(failures) != 0 {
+		t.Errorf("enqueue failures counted for a stop: %v", failures)
+	}
+}
+
+// A cancelled caller is not a Redis failure: not counted, and the next
+// enqueue goes to Redis at once instead of cooling down.
+func TestEnqueuerDoesNotCountACancelledCallerAsARedisFailure(t *testing.T) {
+	rs := testkit.StartRedis(t)
+	opt, _ := asynq.ParseRedisURI(rs.URL)
+	var failures []string
+	e := tasks.NewEnqueuer(opt, tasks.OnEnqueueFailure(func(task string) { failures = append(failures, task) }), tasks.WithCooldown(time.Hour))
+	defer e.Close()
+	step := []storage.UnreferencedStep{{ID: 1, ObservedAt: time.Now()}}
+	gone, cancel := context.WithCancel(t.Context())
+	cancel()
+	if err := e.CollectSteps(gone, step); !errors.Is(err, context.Canceled) {
+		t.Errorf("enqueue on a cancelled context: %v, want context.Canceled", err)
+	}
+	if err := e.CollectSteps(t.Context(), step); err != nil {
+		t.Errorf("enqueue after a cancelled one: %v, want success (no cool-down)", err)
+	}
+	if len(failures) != 0 {
+		t.Errorf("failures counted: %v", failures)
 	}
 }

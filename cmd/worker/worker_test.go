@@ -3,6 +3,7 @@ package main_test
 import (
 	"database/sql"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -145,4 +146,35 @@ func TestWorkerRejectsABadFlagInOneLineNamingIt(t *testing.T) {
 		{Env: "STEPCOLLECT_SWEEP_INTERVAL=zz", Want: "-sweep-interval: STEPCOLLECT_SWEEP_INTERVAL=\"zz\""},
 		{Args: []string{"-metrics-listen", "nowhere"}, Want: "-metrics-listen: "},
 	})
+}
+
+// A refused URL or DSN names its flag without its user information, and
+// the start log shows the callback URL with its credentials redacted.
+func TestWorkerShowsNoPasswordInARefusalOrItsStartLog(t *testing.T) {
+	hide := []string{"S3cretPw", "cbuser"}
+	testkit.CheckRefuses(t, workerBin, []testkit.BadFlag{
+		{Args: []string{"-redis-url", "redis://:S3cretPw@127.0.0.1:63x79/0"}, Want: "-redis-url: ", Hide: hide},
+		{Env: "STEPCOLLECT_REDIS_URL=redis://cbuser:S3cretPw@127.0.0.1:6379/db", Want: "-redis-url: ", Hide: hide},
+		{Args: []string{"-callback-url", "ftp://cbuser:S3cretPw@engine.example/cb"}, Want: "-callback-url: ", Hide: hide},
+		{Args: []string{"-mysql-dsn", "stepcollect:S3cretPw@tcp(db:3306)/stepcollect?parseTime=maybe"}, Want: "-mysql-dsn: ", Hide: hide},
+	})
+
+	db := testkit.NewDB(t, nil)
+	rs := testkit.StartRedis(t)
+	addr := testkit.FreeAddr(t)
+	w := testkit.StartProc(t, workerBin, testkit.ServiceEnv(db.DSN, rs.URL), "-metrics-listen", addr,
+		"-callback-url", "http://cbuser:S3cretPw@127.0.0.1:1/cb", "-log-level", "info")
+	testkit.AwaitHTTP(t, w, "http://"+addr+"/readyz", 30*time.Second)
+	testkit.WaitUntil(t, 15*time.Second, "the start log (worker started logged)", func() (bool, any) {
+		return strings.Contains(w.Logs(), "worker started"), false
+	})
+	logs := w.Logs()
+	if !strings.Contains(logs, `"callback_url":"http://xxxxx:xxxxx@127.0.0.1:1/cb"`) {
+		t.Errorf("the start log lacks the redacted callback URL:\n%s", logs)
+	}
+	for _, secret := range hide {
+		if strings.Contains(logs, secret) {
+			t.Errorf("the logs show %q:\n%s", secret, logs)
+		}
+	}
 }

@@ -129,29 +129,28 @@ func (s *Set) redactDefault(name string, f func(string) string) {
 // before that) rather than re-formatting the DSN, so that what is shown is
 // otherwise exactly what was given, parsable or not.
 func RedactDSN(dsn string) string {
-	end := strings.LastIndex(dsn, "/")
+	start, end := dsnPassword(dsn)
+	if start < 0 {
+		return dsn
+	}
+	return dsn[:start] + mask + dsn[end:]
+}
+
+// dsnPassword is where the password of dsn starts and ends (-1: none).
+func dsnPassword(dsn string) (start, end int) {
+	end = strings.LastIndex(dsn, "/")
 	if end < 0 {
 		end = len(dsn)
 	}
 	at := strings.LastIndex(dsn[:end], "@")
 	if at < 0 {
-		return dsn
+		return -1, -1
 	}
 	colon := strings.Index(dsn[:at], ":")
 	if colon < 0 {
-		return dsn
+		return -1, -1
 	}
-	return dsn[:colon+1] + "xxxxx" + dsn[at:]
-}
-
-// RedactURL replaces the password of a URL by xxxxx; a value that is not a
-// URL is shown as nothing at all, since it cannot be told what part is secret.
-func RedactURL(u string) string {
-	p, err := url.Parse(u)
-	if err != nil {
-		return ""
-	}
-	return p.Redacted()
+	return colon + 1, at
 }
 
 // Bool defines a boolean flag.
@@ -277,7 +276,7 @@ func MySQLDSN(flagName string, dsn *string) func() error {
 	return func() error {
 		cfg, err := mysql.ParseDSN(*dsn)
 		if err != nil {
-			return fmt.Errorf("-%s: %v", flagName, err)
+			return fmt.Errorf("-%s: %s", flagName, Redact(err.Error(), *dsn))
 		}
 		if cfg.DBName == "" {
 			return fmt.Errorf("-%s: names no database (…/dbname?…)", flagName)
@@ -290,7 +289,7 @@ func MySQLDSN(flagName string, dsn *string) func() error {
 func RedisURL(flagName string, u *string) func() error {
 	return func() error {
 		if _, err := asynq.ParseRedisURI(*u); err != nil {
-			return fmt.Errorf("-%s: %v", flagName, err)
+			return fmt.Errorf("-%s: %s", flagName, Redact(err.Error(), *u))
 		}
 		// asynq accepts a Sentinel URL without the master's name, and
 		// then fails every command at run time with a misleading error
@@ -319,7 +318,7 @@ func HTTPURL(flagName string, u *string) func() error {
 		}
 		p, err := url.Parse(*u)
 		if err != nil || (p.Scheme != "http" && p.Scheme != "https") || p.Host == "" {
-			return fmt.Errorf("-%s: %q is not an http(s) URL", flagName, *u)
+			return fmt.Errorf("-%s: %q is not an http(s) URL", flagName, RedactURL(*u))
 		}
 		return nil
 	}

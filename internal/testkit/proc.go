@@ -297,6 +297,7 @@ type BadFlag struct {
 	Args []string
 	Env  string // NAME=value, if any
 	Want string
+	Hide []string // secrets the complaint must not show
 }
 
 // CheckRefuses runs bin once per case and fails t unless each exits with an
@@ -317,6 +318,11 @@ func CheckRefuses(t testing.TB, bin string, cases []BadFlag) {
 		}
 		if strings.Contains(line, "\n") || !strings.Contains(line, tc.Want) {
 			t.Errorf("%v %s: %v %q, want one line containing %q", tc.Args, tc.Env, err, line, tc.Want)
+		}
+		for _, secret := range tc.Hide {
+			if strings.Contains(line, secret) {
+				t.Errorf("%v %s: %q shows the secret %q", tc.Args, tc.Env, line, secret)
+			}
 		}
 	}
 }
