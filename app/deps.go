@@ -24,7 +24,7 @@ import (
 	"github.com/stepcollect/stepcollect/tasks"
 )
 
-// Defaults shared by both binaries (../CONTRACT.md §2).
+// Defaults shared by both binaries (docs/reference.md, "Configuration").
 const (
 	DefaultMySQLDSN = config.DefaultMySQLDSN
 	DefaultRedisURL = config.DefaultRedisURL

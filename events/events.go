@@ -1,5 +1,5 @@
 // Package events defines the events stepcollect sends to the workflow
-// engine (../CONTRACT.md §4). Each is written to the MySQL outbox in the
+// engine (docs/reference.md, "Events"). Each is written to the MySQL outbox in the
 // same transaction as the state change that caused it, then delivered.
 package events
 

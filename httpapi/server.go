@@ -1,4 +1,4 @@
-// Package httpapi is stepcollect's HTTP interface (../CONTRACT.md §3): the
+// Package httpapi is stepcollect's HTTP interface (docs/reference.md, "HTTP API"): the
 // MDM server's webhook in, the workflow engine's /v1 API, health and
 // metrics. Handlers are small: decode, act through the storage, map the
 // error to a status in one place, log with the request's logger.

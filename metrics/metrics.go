@@ -1,5 +1,5 @@
 // Package metrics declares stepcollect's Prometheus metrics. Names are part
-// of the contract (../CONTRACT.md §5): dashboards and alerts use them, so
+// of the contract (docs/reference.md, "Metrics"): dashboards and alerts use them, so
 // they are added to, never renamed.
 package metrics
 

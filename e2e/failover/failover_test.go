@@ -13,7 +13,7 @@
 // 300, STEPCOLLECT_FAILOVER_N) and one step shared by all of them, then
 // sends the 2N results at an even pace while the fault happens. Every
 // flag but addresses, DSN, Redis URL and callback URL is at its default
-// (-sweep-interval 30s), and the bound is guarantee 8 of CONTRACT.md:
+// (-sweep-interval 30s), and the bound is guarantee 8 of docs/reference.md ("Guarantees"):
 // within 15 s of the fault's end every step is collected and every event
 // delivered. The tests log what they measured, each on a line starting
 // with FAILOVER.

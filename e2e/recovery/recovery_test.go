@@ -1,7 +1,7 @@
 // Package recovery drives the built binaries through one fault at a time
 // (Redis killed and restarted, a worker SIGKILLed and restarted, MySQL
 // unreachable and back, the workflow engine's receiver down) while webhook
-// results arrive, and holds them to guarantee 8 of CONTRACT.md: once the
+// results arrive, and holds them to guarantee 8 of docs/reference.md ("Guarantees"): once the
 // fault ends, every step is collected and every event delivered within 15 s,
 // at default flags (only addresses, DSN, Redis URL, callback URL and keys
 // are set; -sweep-interval stays 30s).

@@ -13,7 +13,7 @@ import (
 	"github.com/stepcollect/stepcollect/internal/scrape"
 )
 
-// Guarantee 8 of CONTRACT.md, which the fault tests hold the service to.
+// Guarantee 8 of docs/reference.md ("Guarantees"), which the fault tests hold the service to.
 const (
 	// SettleBound is how soon after a fault ends every step must be
 	// collected and every event delivered.
