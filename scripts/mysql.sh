@@ -15,10 +15,11 @@ root=${STEPCOLLECT_MYSQL_CHROOT:-/var/lib/stepcollect-mysql-chroot}
 host=127.0.0.1
 port=${STEPCOLLECT_MYSQL_TEST_PORT:-3307}
 max_connections=${STEPCOLLECT_MYSQL_MAX_CONNECTIONS:-500}
-# Inside the chroot.
-datadir=/var/lib/stepcollect-mysql
-rundir=/run/stepcollect-mysql
-errlog=/var/log/stepcollect-mysqld.err
+# Inside the chroot, one set per port: servers on two ports share nothing.
+datadir=/var/lib/stepcollect-mysql-$port
+rundir=/run/stepcollect-mysql-$port
+errlog=/var/log/stepcollect-mysqld-$port.err
+outlog=/var/log/stepcollect-mysqld-$port.out # what it says before errlog is open
 pidfile=$rundir/mysqld.pid
 
 say() { echo "mysql: $*" >&2; }
@@ -99,19 +100,19 @@ initialize() {
 start_server() {
   local i pid
   mkdir -p "$root$rundir" && rm -f "$root$pidfile" || return 1
-  # setsid and closed descriptors: the server outlives this script and holds
-  # no pipe of its caller (CI waits on those).
+  # setsid and its own descriptors: the server outlives this script and
+  # holds no pipe of its caller (CI waits on those).
   setsid chroot "$root" mysqld --user=root --datadir="$datadir" \
     --port="$port" --bind-address="$host" --mysqlx=OFF --secure-file-priv= \
     --socket="$rundir/mysqld.sock" --pid-file="$pidfile" --log-error="$errlog" \
-    --max-connections="$max_connections" </dev/null >/dev/null 2>&1 &
+    --max-connections="$max_connections" </dev/null >"$root$outlog" 2>&1 &
   for ((i = 0; i < 1200; i++)); do
     if answers && pid=$(server_pid); then
       return 0
     fi
     if ! kill -0 $! 2>/dev/null; then
-      tail -n 15 "$root$errlog" >&2 || true
-      echo "mysqld exited (log $root$errlog)"
+      tail -n 15 "$root$outlog" "$root$errlog" 2>/dev/null
+      echo "mysqld exited (logs $root$outlog, $root$errlog)"
       return 1
     fi
     sleep 0.1
@@ -133,8 +134,15 @@ start) ;;
 esac
 
 if answers; then
-  say "something answers on $host:$port; nothing to do"
+  if pid=$(server_pid); then
+    say "mysqld (pid $pid) answers on $host:$port; nothing to do"
+  else
+    say "something answers on $host:$port (not a mysqld started here); nothing to do"
+  fi
   exit 0
+fi
+if pid=$(server_pid); then
+  fail preflight "mysqld (pid $pid) started here runs but does not answer on $host:$port; see $root$errlog, or $0 stop"
 fi
 [ "$(id -u)" = 0 ] || fail preflight "not root: a chroot needs root; run as root or point STEPCOLLECT_TEST_MYSQL_DSN at a running MySQL"
 say "nothing answers on $host:$port; bringing up MySQL in $root"
