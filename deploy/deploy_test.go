@@ -192,8 +192,8 @@ func TestComposeFileScalesAndMountsFilesThatExist(t *testing.T) {
 			t.Errorf("service %s missing", name)
 		}
 	}
-	// MariaDB 10.11 by default (the tested server); MySQL 8.4 is the
-	// override in docker-compose.mysql8.yml (TestTheMySQL8OverrideSwapsOnlyTheServer)
+	// MariaDB 10.11 by default; MySQL 9.7 is the override in
+	// docker-compose.mysql.yml (TestTheMySQLOverrideSwapsOnlyTheServer)
 	if !strings.HasPrefix(s["mysql"].Image, "mariadb:10.11.") || !strings.HasPrefix(s["redis"].Image, "redis:7") {
 		t.Errorf("images: mysql %q, redis %q; want mariadb:10.11.x and redis:7", s["mysql"].Image, s["redis"].Image)
 	}
@@ -495,26 +495,31 @@ func TestComposeStartsTheStackInOrderWithPinnedImages(t *testing.T) {
 	}
 }
 
-// docker-compose.mysql8.yml replaces the server and nothing else: the same
-// service name (so every DSN holds), MySQL 8.4 pinned, a health check the
-// MySQL image can run, a data volume of its own, and the warning that it
-// is not tested here.
-func TestTheMySQL8OverrideSwapsOnlyTheServer(t *testing.T) {
-	b, err := os.ReadFile("../docker-compose.mysql8.yml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !strings.Contains(strings.ToLower(string(b)), "not tested here: no mysql 8 on the ci machine") {
-		t.Error(`docker-compose.mysql8.yml does not say "not tested here: no MySQL 8 on the CI machine"`)
-	}
-	over, volumes := readCompose(t, "../docker-compose.mysql8.yml")
+// docker-compose.mysql.yml replaces the server and nothing else: the same
+// service name (so every DSN holds), the MySQL version CI tests on pinned
+// exactly, its binary log kept on with sync_binlog=1, a health check the
+// MySQL image can run, and a data volume of its own.
+func TestTheMySQLOverrideSwapsOnlyTheServer(t *testing.T) {
+	over, volumes := readCompose(t, "../docker-compose.mysql.yml")
 	base, _ := readCompose(t, "../docker-compose.yml")
 	if len(over) != 1 || over["mysql"] == nil {
 		t.Fatalf("the override has services %v; want mysql alone", over)
 	}
 	o := over["mysql"]
-	if !regexp.MustCompile(`^mysql:8\.4\.\d+$`).MatchString(o.str("image")) {
-		t.Errorf("override image %q, want mysql:8.4.x", o.str("image"))
+	// the version scripts/mysql.sh brings up for `make test-mysql`
+	if got, want := o.str("image"), "mysql:9.7.4"; got != want {
+		t.Errorf("override image %q, want %q (the version the suites run on)", got, want)
+	}
+	command := " " + strings.Join(o.strs("command"), " ") + " "
+	for _, want := range []string{" --sync-binlog=1 ", " --log-bin=", " --authentication-policy=caching_sha2_password "} {
+		if !strings.Contains(command, want) {
+			t.Errorf("override command %q lacks %q", command, strings.TrimSpace(want))
+		}
+	}
+	for _, off := range []string{"--skip-log-bin", "--disable-log-bin", "--sync-binlog=0", "mysql_native_password"} {
+		if strings.Contains(command, off) {
+			t.Errorf("override command %q has %q", command, off)
+		}
 	}
 	if test, _ := o.healthcheck(); len(test) < 2 || test[0] != "CMD" || test[1] != "mysqladmin" {
 		t.Errorf("override health check %v: the MySQL image has mysqladmin, not MariaDB's healthcheck.sh", test)
@@ -531,6 +536,32 @@ func TestTheMySQL8OverrideSwapsOnlyTheServer(t *testing.T) {
 	env := o.env()
 	if want := env["MYSQL_USER"] + ":" + env["MYSQL_PASSWORD"] + "@tcp(mysql:3306)/" + env["MYSQL_DATABASE"] + "?"; !strings.HasPrefix(dsn, want) {
 		t.Errorf("the services' DSN %q does not match the MySQL user and database %q", dsn, want)
+	}
+}
+
+// The compose files run the servers the suites ran on: on MySQL (`make
+// test-mysql`) the override's tag is the test server's exact version; on
+// MariaDB (`make test`) the base file's tag has its major and minor (Debian
+// moves the patch level with its updates).
+func TestTheComposeServersAreTheTestedOnes(t *testing.T) {
+	db := testkit.NewDB(t, &testkit.DBOptions{Empty: true})
+	var version string
+	if err := db.QueryRow("SELECT VERSION()").Scan(&version); err != nil {
+		t.Fatal(err)
+	}
+	// 9.7.4-2 (Debian's build), 10.11.19-MariaDB-0+deb12u1
+	number, _, _ := strings.Cut(version, "-")
+	if strings.Contains(version, "MariaDB") {
+		base, _ := readCompose(t, "../docker-compose.yml")
+		parts := strings.SplitN(number, ".", 3)
+		if image, want := base["mysql"].str("image"), "mariadb:"+parts[0]+"."+parts[1]+"."; !strings.HasPrefix(image, want) {
+			t.Errorf("docker-compose.yml runs %s; the suites run on MariaDB %s", image, version)
+		}
+		return
+	}
+	over, _ := readCompose(t, "../docker-compose.mysql.yml")
+	if image, want := over["mysql"].str("image"), "mysql:"+number; image != want {
+		t.Errorf("docker-compose.mysql.yml runs %s; the suites run on MySQL %s (want %s)", image, version, want)
 	}
 }
 

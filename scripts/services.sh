@@ -3,7 +3,19 @@
 # starting local ones where they do not (installing them from the
 # distribution's packages first when running as root without them).
 # Used by `make run`, `make test` (through .ci/run) and `make bench`.
+# With --mysql it also brings up MySQL 9.7 on its own port (scripts/mysql.sh),
+# for `make test-mysql`; MariaDB stays the default server.
 set -euo pipefail
+
+with_mysql=false
+case ${1:-} in
+--mysql) with_mysql=true ;;
+"") ;;
+*)
+  echo "usage: $0 [--mysql]" >&2
+  exit 2
+  ;;
+esac
 
 mysql_host=${STEPCOLLECT_MYSQL_HOST:-127.0.0.1}
 mysql_port=${STEPCOLLECT_MYSQL_PORT:-3306}
@@ -57,4 +69,8 @@ else
   redis-server --daemonize yes --bind "$redis_host" --port "$redis_port" --save "" --appendonly no >/dev/null
   wait_for Redis "$redis_host" "$redis_port" 30
   say "Redis started"
+fi
+
+if $with_mysql; then
+  bash "$(dirname "$0")/mysql.sh"
 fi
