@@ -1,6 +1,5 @@
 # Multi-stage build of the three binaries into one small static image.
 #   docker build -t stepcollect \
-#     --build-arg VERSION=$(git describe --always --dirty) \
 #     --build-arg COMMIT=$(git rev-parse --short=12 HEAD) .
 #   docker run stepcollect /api -version      (or /worker, /migrate; -h for the flags)
 # Both base images are pinned: the builder to an exact Go release, the
@@ -11,15 +10,16 @@ COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
 # What -version prints and stepcollect_build_info says (internal/version).
-# The build context has no .git (.dockerignore), so git describe and the
-# commit come in as arguments; the build time is taken here.
-ARG VERSION=devel
+# The version is internal/version.Release unless VERSION names another (a
+# packager's own); the build context has no .git (.dockerignore), so the
+# commit comes in as an argument; the build time is taken here.
+ARG VERSION=
 ARG COMMIT=unknown
 ARG BUILD_DATE=
 RUN set -e; \
     pkg=github.com/stepcollect/stepcollect/internal/version; \
     date="${BUILD_DATE:-$(date -u +%Y-%m-%dT%H:%M:%SZ)}"; \
-    ldflags="-s -w -X $pkg.version=${VERSION:-devel} -X $pkg.commit=${COMMIT:-unknown} -X $pkg.date=$date"; \
+    ldflags="-s -w -X $pkg.version=${VERSION} -X $pkg.commit=${COMMIT:-unknown} -X $pkg.date=$date"; \
     for main in cmd/api cmd/worker internal/cmd/migrate; do \
       CGO_ENABLED=0 go build -trimpath -buildvcs=false -ldflags="$ldflags" -o /out/ ./$main; \
     done

@@ -10,10 +10,10 @@ run: services build
 	bin/migrate
 	@bash scripts/run.sh
 
-# What -version prints and stepcollect_build_info says, stamped into the
-# binaries (internal/version; the Dockerfile takes the same as build args).
-VERSION_LDFLAGS = -X github.com/stepcollect/stepcollect/internal/version.version=$(shell git describe --always --dirty 2>/dev/null || echo devel) \
-                  -X github.com/stepcollect/stepcollect/internal/version.commit=$(shell git rev-parse --short=12 HEAD 2>/dev/null || echo unknown) \
+# What -version prints and stepcollect_build_info say beside the version
+# (internal/version.Release): the commit and the build time, stamped into
+# the binaries (the Dockerfile takes the same as build args).
+VERSION_LDFLAGS = -X github.com/stepcollect/stepcollect/internal/version.commit=$(shell git rev-parse --short=12 HEAD 2>/dev/null || echo unknown) \
                   -X github.com/stepcollect/stepcollect/internal/version.date=$(shell date -u +%Y-%m-%dT%H:%M:%SZ)
 
 build:

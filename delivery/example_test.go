@@ -26,7 +26,7 @@ import (
 	"github.com/stepcollect/stepcollect/tasks"
 )
 
-// Receiver is the workflow engine's end of the callbacks, as the README's
+// Receiver is the workflow engine's end of the callbacks, as docs/engines.md's
 // "Receiving" shows it: verify the signature over the raw body, then
 // handle each event_id once, acknowledging duplicates without handling
 // them again.

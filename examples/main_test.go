@@ -1,9 +1,9 @@
-// Package examples_test holds the README's longer examples as compiled and
+// Package examples_test holds docs/engines.md's longer examples as compiled and
 // run Go: NanoCMD using stepcollect's storage. TestMain gives them a fresh
 // database on the test server (STEPCOLLECT_TEST_MYSQL_DSN, default
 // root@tcp(127.0.0.1:3306)/) through NANOCMD_MYSQL_DSN, the variable the
 // example reads its DSN from, and drops it afterwards. Without a server
-// they are not run, only the check that the README shows them as they are
+// they are not run, only the check that docs/engines.md shows them as they are
 // (under CI=true that is a failure).
 package examples_test
 
@@ -40,7 +40,7 @@ func run(m *testing.M) int {
 			fmt.Fprintf(os.Stderr, "examples: MySQL/MariaDB at %s is required under CI and does not answer: %v\n", server, err)
 			return 1
 		}
-		fmt.Printf("examples: MySQL/MariaDB at %s does not answer (%v): only the README check runs\n", server, err)
+		fmt.Printf("examples: MySQL/MariaDB at %s does not answer (%v): only the docs check runs\n", server, err)
 		flag.Set("test.run", "^TestTheREADMEShowsTheCompiledExamples$")
 		return m.Run()
 	}

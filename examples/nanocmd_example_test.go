@@ -14,7 +14,7 @@ import (
 )
 
 // NanoCMD with stepcollect's storage in place of its own MySQL storage, as
-// the README's "Using the storage from Go" shows it. The storage is what
+// docs/engines.md's "Using the storage from Go" shows it. The storage is what
 // NanoCMD's engine.New and engine.NewWorker take; here it is driven
 // through the same interface the engine uses: a step stored for two
 // enrollments, one of them answering.

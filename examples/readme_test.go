@@ -46,12 +46,12 @@ func source(t *testing.T, file, first, last string) string {
 	return string(src[fset.Position(from).Offset:fset.Position(to).Offset])
 }
 
-// fenceAfter returns the first ```go block of the README after marker.
+// fenceAfter returns the first ```go block of the document after marker.
 func fenceAfter(t *testing.T, readme, marker string) string {
 	t.Helper()
 	i := strings.Index(readme, marker)
 	if i < 0 {
-		t.Fatalf("README has no %q", marker)
+		t.Fatalf("docs/engines.md has no %q", marker)
 	}
 	rest := readme[i:]
 	start := strings.Index(rest, "```go\n")
@@ -62,21 +62,21 @@ func fenceAfter(t *testing.T, readme, marker string) string {
 	return strings.TrimSuffix(rest[:strings.Index(rest, "```\n")], "\n")
 }
 
-// The README's code is the code go test compiles and runs: the NanoCMD
+// docs/engines.md's code is the code go test compiles and runs: the NanoCMD
 // example and the callback receiver, character for character.
 func TestTheREADMEShowsTheCompiledExamples(t *testing.T) {
-	b, err := os.ReadFile("../README.md")
+	b, err := os.ReadFile("../docs/engines.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	readme := string(b)
 	for _, c := range []struct{ marker, file, first, last string }{
 		{"This is `examples/nanocmd_example_test.go`", "nanocmd_example_test.go", "Example_nanocmd", "Example_nanocmd"},
-		{"**Receiving.**", "../delivery/example_test.go", "Receiver", "ServeHTTP"},
+		{"## Receiving events", "../delivery/example_test.go", "Receiver", "ServeHTTP"},
 	} {
 		want := source(t, c.file, c.first, c.last)
 		if got := fenceAfter(t, readme, c.marker); got != want {
-			t.Errorf("the README's code after %q is not %s's %s…%s as it is:\n--- README\n%s\n--- %s\n%s", c.marker, c.file, c.first, c.last, got, c.file, want)
+			t.Errorf("docs/engines.md's code after %q is not %s's %s…%s as it is:\n--- docs/engines.md\n%s\n--- %s\n%s", c.marker, c.file, c.first, c.last, got, c.file, want)
 		}
 	}
 }

@@ -41,7 +41,7 @@ const quick503 = 3 * time.Second
 // event delivered, each completion under one event id.
 //
 // It runs twice: with the DSN as it is, and with rejectReadOnly=true, as
-// README's "MySQL high availability" recommends for DNS-based failovers.
+// docs/operations.md's "MySQL high availability" recommends for DNS-based failovers.
 func TestMySQLRefusesWritesForAWhile(t *testing.T) {
 	mdb := testha.StartMariaDB(t)
 	for _, c := range []struct {
