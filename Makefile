@@ -44,10 +44,25 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeWebhook$$' -fuzztime $(FUZZTIME) ./httpapi
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeStep$$' -fuzztime $(FUZZTIME) ./httpapi
 
-vet:
+vet: lint-tools
 	@unformatted=$$(gofmt -l . bench); if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
 	$(GO) vet ./...
 	cd bench && $(GO) vet ./...
+	$(STATICCHECK) ./...
+	cd bench && $(STATICCHECK) ./...
+
+# staticcheck, pinned, installed from the Go module proxy when this exact
+# version is not on the PATH or in GOBIN.
+STATICCHECK_VERSION ?= 2026.2.2
+GOBIN_DIR := $(shell $(GO) env GOBIN)
+GOBIN_DIR := $(if $(GOBIN_DIR),$(GOBIN_DIR),$(shell $(GO) env GOPATH)/bin)
+STATICCHECK ?= $(GOBIN_DIR)/staticcheck
+.PHONY: lint-tools
+lint-tools:
+	@if ! $(STATICCHECK) -version 2>/dev/null | grep -q '^staticcheck $(STATICCHECK_VERSION) '; then \
+		echo "installing staticcheck $(STATICCHECK_VERSION)"; \
+		$(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION); \
+	fi
 
 services:
 	bash scripts/services.sh

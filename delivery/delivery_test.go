@@ -57,7 +57,7 @@ func TestAFailedDeliverTaskLeavesTheEventToTheDispatcher(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get(delivery.SignatureHeader) != delivery.Sign([]byte("k"), []byte(`{"event_id":"ev-1"}`)) ||
 			r.Header.Get(delivery.EventIDHeader) != "ev-1" {
-			http.Error(w, "unsigned", 401)
+			http.Error(w, "unsigned", http.StatusUnauthorized)
 			return
 		}
 		http.Error(w, "nope", http.StatusBadGateway)

@@ -175,8 +175,7 @@ func TestStoringAgainAfterCollectionMakesANewStep(t *testing.T) {
 	if second == first {
 		t.Fatalf("step id %d reused", first)
 	}
-	var n int
-	n = testkit.Count(t, b.db.DB, `SELECT COUNT(*) FROM id_commands WHERE step_id = ?`, first)
+	n := testkit.Count(t, b.db.DB, `SELECT COUNT(*) FROM id_commands WHERE step_id = ?`, first)
 	if n != 0 {
 		t.Errorf("the collected step %d gained %d references", first, n)
 	}
@@ -205,8 +204,7 @@ func TestMigrateFromManyProcessesAtOnceAppliesOnce(t *testing.T) {
 	if err != nil || cur != latest || latest < 1 {
 		t.Fatalf("schema version %d of %d: %v", cur, latest, err)
 	}
-	var applied int
-	applied = testkit.Count(t, db.DB, `SELECT COUNT(*) FROM `+mysql.MigrationsTable+` WHERE version_id > 0`)
+	applied := testkit.Count(t, db.DB, `SELECT COUNT(*) FROM `+mysql.MigrationsTable+` WHERE version_id > 0`)
 	if applied != int(latest) {
 		t.Errorf("%d migrations recorded, want %d (each once)", applied, latest)
 	}

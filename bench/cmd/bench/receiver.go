@@ -84,17 +84,6 @@ func (rc *receiver) counts() (received, distinct int, last time.Time) {
 	return rc.received, len(rc.first), rc.last
 }
 
-// others returns the POSTs of event types other than step.completed.
-func (rc *receiver) others() int {
-	rc.mu.Lock()
-	defer rc.mu.Unlock()
-	n := 0
-	for _, v := range rc.other {
-		n += v
-	}
-	return n
-}
-
 // await waits until n distinct step.completed events have arrived, or for
 // stall without a new one, or for at most limit. It reports whether all n
 // arrived.

@@ -160,14 +160,3 @@ func shareWithin(bs []bucket, le float64) float64 {
 	}
 	return math.NaN()
 }
-
-// lagQuantiles reads stepcollect_collection_lag_seconds from the workers'
-// /metrics and interpolates its median and 99th percentile.
-func lagQuantiles(bases ...string) (p50, p99 float64, err error) {
-	s, err := scrapeAll(bases...)
-	if err != nil {
-		return 0, 0, err
-	}
-	bs := s.lagBuckets(nil)
-	return quantileMS(bs, 0.5), quantileMS(bs, 0.99), nil
-}
