@@ -20,7 +20,7 @@ RUN set -e; \
     pkg=github.com/stepcollect/stepcollect/internal/version; \
     date="${BUILD_DATE:-$(date -u +%Y-%m-%dT%H:%M:%SZ)}"; \
     ldflags="-s -w -X $pkg.version=${VERSION} -X $pkg.commit=${COMMIT:-unknown} -X $pkg.date=$date"; \
-    for main in cmd/api cmd/worker internal/cmd/migrate; do \
+    for main in cmd/api cmd/worker cmd/migrate; do \
       CGO_ENABLED=0 go build -trimpath -buildvcs=false -ldflags="$ldflags" -o /out/ ./$main; \
     done
 

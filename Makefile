@@ -18,7 +18,7 @@ VERSION_LDFLAGS = -X github.com/stepcollect/stepcollect/internal/version.commit=
 
 build:
 	mkdir -p bin
-	$(GO) build -ldflags "$(VERSION_LDFLAGS)" -o bin/ ./cmd/... ./internal/cmd/migrate
+	$(GO) build -ldflags "$(VERSION_LDFLAGS)" -o bin/ ./cmd/...
 
 test: vet
 	$(GO) test -race -count=1 ./...

@@ -605,7 +605,7 @@ func TestTheDockerfileBuildsEveryBinaryStamped(t *testing.T) {
 		run = cmd
 		break
 	}
-	for _, main := range []string{"cmd/api", "cmd/worker", "internal/cmd/migrate"} {
+	for _, main := range []string{"cmd/api", "cmd/worker", "cmd/migrate"} {
 		if !strings.Contains(run, main) {
 			t.Errorf("the build step does not build %s:\n%s", main, run)
 		}

@@ -102,7 +102,7 @@ func helpFlags(t *testing.T, bin string) map[string]helpFlag {
 // names and, where the table gives one, the default -h shows; and every
 // flag the tables list is one the binary has.
 func TestTheReferenceListsEveryFlagOfEveryBinary(t *testing.T) {
-	bins, err := testkit.BuildPlain(t.TempDir(), "cmd/api", "cmd/worker", "internal/cmd/migrate")
+	bins, err := testkit.BuildPlain(t.TempDir(), "cmd/api", "cmd/worker", "cmd/migrate")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -162,7 +162,7 @@ func TestAnUnstampedBuildSaysWhatTheToolchainRecorded(t *testing.T) {
 	root := moduleRoot(t)
 	commit := git(t, root, "rev-parse", "--short=12", "HEAD")
 	bin := filepath.Join(t.TempDir(), "migrate")
-	build := exec.Command("go", "build", "-buildvcs=true", "-o", bin, "./internal/cmd/migrate")
+	build := exec.Command("go", "build", "-buildvcs=true", "-o", bin, "./cmd/migrate")
 	build.Dir = root
 	if b, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, b)
