@@ -92,7 +92,7 @@ func (s *Sweeper) ProcessTask(ctx context.Context, t *asynq.Task) error {
 	}
 	ev.Time("slot", p.Slot).Int("examined", res.Examined).Int("unreferenced", res.Unreferenced).
 		Int("collected", res.Collected).Int64("orphaned_step_commands", res.OrphanedStepCommands).
-		Dur("took", time.Since(start)).Msg("sweep")
+		Dur("took_ms", time.Since(start)).Msg("sweep")
 	return err
 }
 

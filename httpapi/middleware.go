@@ -25,7 +25,10 @@ var requestIDPattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
 
 type ctxKey int
 
-const requestIDKey ctxKey = iota
+const (
+	requestIDKey ctxKey = iota
+	refusalKey
+)
 
 // RequestID returns the request id of ctx.
 func RequestID(ctx context.Context) string {
@@ -71,7 +74,8 @@ func withRequest(base zerolog.Logger, maxBody int64, next http.Handler) http.Han
 		}
 		w.Header().Set(RequestIDHeader, id)
 		logger := base.With().Str(logkeys.RequestID, id).Logger()
-		ctx := logger.WithContext(context.WithValue(r.Context(), requestIDKey, id))
+		refusal := new(string) // what writeError answered, for the access log
+		ctx := logger.WithContext(context.WithValue(context.WithValue(r.Context(), requestIDKey, id), refusalKey, refusal))
 		r = r.WithContext(ctx)
 		r.Body = http.MaxBytesReader(w, r.Body, maxBody)
 		sw := &statusWriter{ResponseWriter: w}
@@ -90,11 +94,19 @@ func withRequest(base zerolog.Logger, maxBody int64, next http.Handler) http.Han
 			switch {
 			case sw.status >= 500:
 				ev = zerolog.Ctx(r.Context()).Warn()
+			case sw.status >= 400 && r.URL.Path == "/webhook":
+				// NanoMDM does not resend: a refused result is lost, and
+				// the operator needs to see why (runbook:
+				// StepcollectResultsRejected).
+				ev = zerolog.Ctx(r.Context()).Warn()
 			case sw.status >= 400:
 				ev = zerolog.Ctx(r.Context()).Info()
 			}
+			if *refusal != "" {
+				ev = ev.Str("refusal", *refusal)
+			}
 			ev.Str("method", r.Method).Str("path", r.URL.Path).Int("status", sw.status).
-				Dur("took", time.Since(start)).Msg("request")
+				Dur("took_ms", time.Since(start)).Msg("request")
 		}()
 		next.ServeHTTP(sw, r)
 	})
@@ -116,6 +128,9 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 }
 
 func writeError(w http.ResponseWriter, r *http.Request, status int, msg string) {
+	if p, ok := r.Context().Value(refusalKey).(*string); ok {
+		*p = msg
+	}
 	writeJSON(w, status, errorBody{Error: msg, RequestID: RequestID(r.Context())})
 }
 
