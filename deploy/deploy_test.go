@@ -52,6 +52,23 @@ func TestPromtoolAcceptsTheConfigAndTheRules(t *testing.T) {
 
 // The rules' own unit tests: each alert fires on the series that should
 // fire it and stays quiet on healthy ones.
+// Alertmanager takes the compose stack's configuration, and Prometheus
+// sends its alerts there.
+func TestAmtoolAcceptsTheAlertmanagerConfig(t *testing.T) {
+	testkit.RequireBinary(t, "amtool") // Debian package prometheus-alertmanager
+	out, err := exec.Command("amtool", "check-config", "alertmanager/alertmanager.yml").CombinedOutput()
+	if err != nil {
+		t.Fatalf("amtool check-config: %v\n%s", err, out)
+	}
+	b, err := os.ReadFile("prometheus/prometheus.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), "targets: [alertmanager:9093]") {
+		t.Error("prometheus.yml sends alerts to no alertmanager:9093")
+	}
+}
+
 func TestAlertRulesFireOnWhatTheyShould(t *testing.T) {
 	promtool(t, "test", "rules", "tests/stepcollect_test.yml")
 }
@@ -392,7 +409,7 @@ func TestComposeStartsTheStackInOrderWithPinnedImages(t *testing.T) {
 		names = append(names, n)
 	}
 	sort.Strings(names)
-	if got, want := strings.Join(names, " "), "api grafana migrate mysql prometheus redis worker"; got != want {
+	if got, want := strings.Join(names, " "), "alertmanager api grafana migrate mysql prometheus redis worker"; got != want {
 		t.Errorf("services: %s, want %s", got, want)
 	}
 
