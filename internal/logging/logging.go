@@ -8,11 +8,14 @@ import (
 	"runtime/pprof"
 	"time"
 
+	"github.com/mattn/go-isatty"
 	"github.com/rs/zerolog"
 )
 
 // New returns a logger writing to w at level ("debug", "info", "warn",
-// "error") in format ("json", or "console" for people).
+// "error") in format ("json", or "console" for people: coloured only when
+// w is a terminal, so a file or a pipe gets no escape codes; NO_COLOR
+// turns colour off anywhere).
 func New(w io.Writer, level, format string) (zerolog.Logger, error) {
 	lvl, err := zerolog.ParseLevel(level)
 	if err != nil || level == "" {
@@ -21,12 +24,21 @@ func New(w io.Writer, level, format string) (zerolog.Logger, error) {
 	switch format {
 	case "json":
 	case "console":
-		w = zerolog.ConsoleWriter{Out: w, TimeFormat: time.TimeOnly}
+		w = zerolog.ConsoleWriter{Out: w, TimeFormat: time.TimeOnly, NoColor: !colour(w)}
 	default:
 		return zerolog.Nop(), fmt.Errorf("-log-format: %q is not json or console", format)
 	}
 	zerolog.TimeFieldFormat = time.RFC3339Nano
 	return zerolog.New(w).Level(lvl).With().Timestamp().Logger(), nil
+}
+
+// colour reports whether console output to w may carry colour codes.
+func colour(w io.Writer) bool {
+	if _, ok := os.LookupEnv("NO_COLOR"); ok {
+		return false
+	}
+	f, ok := w.(*os.File)
+	return ok && (isatty.IsTerminal(f.Fd()) || isatty.IsCygwinTerminal(f.Fd()))
 }
 
 // Asynq adapts a zerolog logger to asynq's Logger.
