@@ -5,8 +5,10 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
+	"os"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -40,6 +42,8 @@ type APIConfig struct {
 	// MaxStepIDs, MaxStepCommands and MaxStepRows bound one POST /v1/steps
 	// (defaults httpapi.DefaultMaxStep*).
 	MaxStepIDs, MaxStepCommands, MaxStepRows int
+	// DumpWebhook writes every webhook body to standard output.
+	DumpWebhook bool
 }
 
 // ParseAPIConfig reads the API's flags, with environment fallbacks.
@@ -49,6 +53,7 @@ func ParseAPIConfig(args []string, getenv func(string) string) (APIConfig, *conf
 	listen := s.String("listen", "STEPCOLLECT_LISTEN", "127.0.0.1:9100", "address for the webhook, /v1, health and /metrics")
 	metricsListen := s.String("metrics-listen", "STEPCOLLECT_METRICS_LISTEN", "",
 		"address for /metrics alone, which -listen then does not serve; none: /metrics on -listen")
+	dumpWebhook := s.Bool("dump-webhook", "STEPCOLLECT_DUMP_WEBHOOK", false, "write every webhook body as received to standard output, one per line (NanoCMD's -dump-webhook); it carries device data")
 	apiKey := s.Secret("api-key", "STEPCOLLECT_API_KEY", "API key for /v1/* (Bearer, or basic-auth password); none: /v1 answers 401")
 	hmacKey := s.Secret("webhook-hmac-key", "STEPCOLLECT_WEBHOOK_HMAC_KEY", "NanoMDM's -webhook-hmac-key; none: webhook bodies are not verified")
 	maxBody := s.Int("max-body-bytes", "STEPCOLLECT_MAX_BODY_BYTES", httpapi.DefaultMaxBody, "largest request body accepted (413 above)")
@@ -91,7 +96,7 @@ func ParseAPIConfig(args []string, getenv func(string) string) (APIConfig, *conf
 		return APIConfig{}, s, err
 	}
 	return APIConfig{
-		MySQLDSN: *common.dsn, RedisURL: *common.redis, Migrate: *common.migrate, Listen: *listen, MetricsListen: *metricsListen, APIKey: *apiKey,
+		MySQLDSN: *common.dsn, RedisURL: *common.redis, Migrate: *common.migrate, Listen: *listen, MetricsListen: *metricsListen, DumpWebhook: *dumpWebhook, APIKey: *apiKey,
 		WebhookHMACKey: *hmacKey, MaxBodyBytes: int64(*maxBody), MaxInflightBodyBytes: int64(*inflight),
 		MaxStepIDs: *stepIDs, MaxStepCommands: *stepCommands, MaxStepRows: *stepRows,
 		LogLevel: *common.level, LogFormat: *common.format, MySQLMaxConns: *common.maxConns,
@@ -131,7 +136,12 @@ func NewAPI(ctx context.Context, cfg APIConfig, logger zerolog.Logger) (*API, er
 	if cfg.MetricsListen != "" {
 		mainGatherer = nil
 	}
+	var dump io.Writer
+	if cfg.DumpWebhook {
+		dump = os.Stdout
+	}
 	handler := httpapi.New(httpapi.Config{
+		DumpWebhook:          dump,
 		Store:                d.store,
 		Logger:               logger.With().Str("component", "http").Logger(),
 		APIKey:               cfg.APIKey,

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -228,4 +229,38 @@ func TestWholeBodiesWaitForTheirDecodingShareAndLeaveWhenTheirClientGoes(t *test
 		t.Fatal("the second request was not answered once the budget was free")
 	}
 	b.awaitInflight(t, 0)
+}
+
+// -dump-webhook: every webhook body, as received, one per line, refused
+// ones too (that is when an operator needs to see them).
+func TestDumpWebhookWritesEveryBodyOnALine(t *testing.T) {
+	var out syncBuffer
+	b := newBudgetServer(t, httpapi.Config{DumpWebhook: &out, WebhookHMACKey: hmacKey})
+	signed, unsigned := ignoredWebhook(10), ignoredWebhook(20)
+	if status, _ := b.post(signed, hmacKey); status != 200 {
+		t.Fatalf("signed: %d", status)
+	}
+	if status, _ := b.post(unsigned, nil); status != 401 {
+		t.Fatalf("unsigned: %d", status)
+	}
+	if got, want := out.String(), signed+"\n"+unsigned+"\n"; got != want {
+		t.Errorf("dumped %q, want %q", got, want)
+	}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

@@ -10,8 +10,10 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/base64"
+	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	nanostorage "github.com/micromdm/nanocmd/engine/storage"
@@ -73,6 +75,9 @@ type Config struct {
 	// its ids, its commands and ids x commands (413 above). Defaults
 	// DefaultMaxStepIDs, DefaultMaxStepCommands, DefaultMaxStepRows.
 	MaxStepIDs, MaxStepCommands, MaxStepRows int
+	// DumpWebhook, when set, gets every webhook body as received, one per
+	// line (NanoCMD's -dump-webhook), before it is checked or decoded.
+	DumpWebhook io.Writer
 	// Ready lists what /readyz checks.
 	Ready []Check
 	// Metrics is the API's metrics; Gatherer serves /metrics.
@@ -95,6 +100,7 @@ const DefaultBodyTimeout = 2 * time.Minute
 // Server is the HTTP API.
 type Server struct {
 	cfg        Config
+	dumpMu     sync.Mutex // one body per line however many arrive at once
 	mux        *http.ServeMux
 	budget     *bodyBudget
 	stepLimits stepLimits

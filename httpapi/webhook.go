@@ -18,6 +18,9 @@ import (
 // non-200: the follow-up work goes to the queue after the commit, and the
 // sweeper finds it if the queue cannot take it.
 func (s *Server) webhook(w http.ResponseWriter, r *http.Request, body []byte, err error) {
+	if s.cfg.DumpWebhook != nil && err == nil {
+		s.dump(body)
+	}
 	if err != nil {
 		s.result(metrics.OutcomeRejected)
 		respondError(w, r, err, "reading the webhook body")
@@ -85,5 +88,16 @@ func (s *Server) webhook(w http.ResponseWriter, r *http.Request, body []byte, er
 func (s *Server) result(outcome string) {
 	if s.cfg.Metrics != nil {
 		s.cfg.Metrics.Results.WithLabelValues(outcome).Inc()
+	}
+}
+
+// dump writes body and a newline to DumpWebhook; NanoMDM's bodies are one
+// line of JSON, so the output is one webhook per line.
+func (s *Server) dump(body []byte) {
+	s.dumpMu.Lock()
+	defer s.dumpMu.Unlock()
+	s.cfg.DumpWebhook.Write(body)
+	if len(body) == 0 || body[len(body)-1] != '\n' {
+		s.cfg.DumpWebhook.Write([]byte{'\n'})
 	}
 }
