@@ -163,4 +163,3 @@ func TestEveryReplicaAndRestartUsesTheSameFileVaultKeypair(t *testing.T) {
 		t.Errorf("%d keypairs stored, want 1", n)
 	}
 }
-
