@@ -40,10 +40,15 @@ type server struct {
 // enqueued to a fake NanoMDM.
 func startMySQL(t *testing.T, db *testkit.DB, extra ...string) *server {
 	t.Helper()
+	return start(t, append([]string{"-storage", "mysql", "-storage-dsn", db.DSN}, extra...)...)
+}
+
+// start runs the binary with args, its commands enqueued to a fake NanoMDM.
+func start(t *testing.T, extra ...string) *server {
+	t.Helper()
 	mdm := startFakeNanoMDM(t, enqueueKey)
 	addr := testkit.FreeAddr(t)
-	args := append([]string{"-listen", addr, "-storage", "mysql", "-storage-dsn", db.DSN,
-		"-api", apiKey, "-enqueue-url", mdm.URL + "/v1/enqueue/", "-push-url", mdm.URL + "/v1/push/",
+	args := append([]string{"-listen", addr, "-api", apiKey, "-enqueue-url", mdm.URL + "/v1/enqueue/", "-push-url", mdm.URL + "/v1/push/",
 		"-enqueue-api", enqueueKey, "-webhook-hmac-key", hmacKey}, extra...)
 	p := testkit.StartProc(t, bins["nanocmd"], nil, args...)
 	testkit.AwaitHTTP(t, p, "http://"+addr+"/version", 60*time.Second)
@@ -83,8 +88,31 @@ func answer(sender *webhook.Webhook, id string, c enqueued) error {
 func TestTheInventoryWorkflowEndToEndOnMySQL(t *testing.T) {
 	db := testkit.NewDB(t, &testkit.DBOptions{Empty: true})
 	s := startMySQL(t, db)
+	ids := runInventory(t, s, 20)
+	if n := testkit.Count(t, db.DB, "SELECT COUNT(*) FROM subsystem_inventory"); n != len(ids) {
+		t.Errorf("%d inventory rows in MySQL, want %d", n, len(ids))
+	}
+	testkit.WaitUntil(t, 15*time.Second, "no step rows left", func() (bool, any) {
+		rows := testkit.CountStepRows(t, db.DB)
+		return rows == testkit.StepRows{}, rows
+	})
+	if n := testkit.Count(t, db.DB, "SELECT COUNT(*) FROM stepcollect_state WHERE name = 'schedule_owner_nanocmd'"); n != 1 {
+		t.Errorf("the database is not marked as NanoCMD's engine's (%d rows): a cmd/worker on it would claim its steps", n)
+	}
+}
 
-	const n = 20
+// -storage inmem and file are NanoCMD's own storages, as in NanoCMD.
+func TestTheInventoryWorkflowOnNanoCMDsOwnStorages(t *testing.T) {
+	t.Run("inmem", func(t *testing.T) { runInventory(t, start(t, "-storage", "inmem"), 3) })
+	t.Run("file", func(t *testing.T) { runInventory(t, start(t, "-storage", "file", "-storage-dsn", t.TempDir()), 3) })
+}
+
+// runInventory starts the inventory workflow for n enrollments through
+// NanoCMD's API, answers every command through NanoMDM's webhook sender
+// and checks each enrollment's values in the inventory route, at both of
+// its paths. It returns the enrollments.
+func runInventory(t *testing.T, s *server, n int) []string {
+	t.Helper()
 	ids := make([]string, n)
 	q := url.Values{}
 	for i := range ids {
@@ -122,16 +150,7 @@ func TestTheInventoryWorkflowEndToEndOnMySQL(t *testing.T) {
 			}
 		}
 	}
-	if n := testkit.Count(t, db.DB, "SELECT COUNT(*) FROM subsystem_inventory"); n != len(ids) {
-		t.Errorf("%d inventory rows in MySQL, want %d", n, len(ids))
-	}
-	testkit.WaitUntil(t, 15*time.Second, "no step rows left", func() (bool, any) {
-		rows := testkit.CountStepRows(t, db.DB)
-		return rows == testkit.StepRows{}, rows
-	})
-	if n := testkit.Count(t, db.DB, "SELECT COUNT(*) FROM stepcollect_state WHERE name = 'schedule_owner_nanocmd'"); n != 1 {
-		t.Errorf("the database is not marked as NanoCMD's engine's (%d rows): a cmd/worker on it would claim its steps", n)
-	}
+	return ids
 }
 
 // With -webhook-hmac-key, an unsigned or wrongly signed webhook is refused
