@@ -2,6 +2,7 @@ package mysql
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 
 	"github.com/stepcollect/stepcollect/storage"
@@ -24,10 +25,16 @@ func (s *Storage) MarkScheduleOwnedByEngine(ctx context.Context) error {
 }
 
 // scheduleOwnedElsewhere returns ErrScheduleOwnedByEngine on a database
-// MarkScheduleOwnedByEngine marked.
-func (s *Storage) scheduleOwnedElsewhere(ctx context.Context) error {
+// MarkScheduleOwnedByEngine marked. The scheduler asks before it claims
+// (to claim nothing) and again inside each claim's transaction, after the
+// claim: a mark committed in between rolls the claim back, and a mark
+// committed later postdates every step claimed, so none of them is one
+// NanoCMD's engine stored.
+func scheduleOwnedElsewhere(ctx context.Context, q interface {
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}) error {
 	var n int
-	if err := s.db.QueryRowContext(ctx, qStateExists, stateEngineOwner).Scan(&n); err != nil {
+	if err := q.QueryRowContext(ctx, qStateExists, stateEngineOwner).Scan(&n); err != nil {
 		return fmt.Errorf("reading the schedule's owner: %w", err)
 	}
 	if n > 0 {
