@@ -57,7 +57,7 @@ type helpFlag struct{ name, env, def string }
 
 var (
 	helpFlagLine = regexp.MustCompile(`^  -(\S+)`)
-	helpEnv      = regexp.MustCompile(`\(env (STEPCOLLECT_[A-Z0-9_]+)\)`)
+	helpEnv      = regexp.MustCompile(`\(env (STEPCOLLECT_[A-Z0-9_]+)\)|\[(NANOCMD_[A-Z0-9_]+)\]`)
 	helpDefault  = regexp.MustCompile(`\(default "?(.*?)"?\)$`)
 )
 
@@ -66,11 +66,11 @@ func helpFlags(t *testing.T, bin string) map[string]helpFlag {
 	cmd := exec.Command(bin, "-h")
 	// defaults as they are without any environment of the caller's
 	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "STEPCOLLECT_") {
+		if !strings.HasPrefix(kv, "STEPCOLLECT_") && !strings.HasPrefix(kv, "NANOCMD_") {
 			cmd.Env = append(cmd.Env, kv)
 		}
 	}
-	out, err := cmd.Output()
+	out, err := cmd.CombinedOutput() // nanocmd writes -h to stderr, as NanoCMD does
 	if err != nil {
 		t.Fatalf("%s -h: %v", bin, err)
 	}
@@ -83,7 +83,7 @@ func helpFlags(t *testing.T, bin string) map[string]helpFlag {
 			cur = &f
 		} else if cur != nil && strings.TrimSpace(l) != "" {
 			if m := helpEnv.FindStringSubmatch(l); m != nil {
-				cur.env = m[1]
+				cur.env = m[1] + m[2]
 			}
 			if m := helpDefault.FindStringSubmatch(l); m != nil {
 				cur.def = m[1]
@@ -102,7 +102,7 @@ func helpFlags(t *testing.T, bin string) map[string]helpFlag {
 // names and, where the table gives one, the default -h shows; and every
 // flag the tables list is one the binary has.
 func TestTheReferenceListsEveryFlagOfEveryBinary(t *testing.T) {
-	bins, err := testkit.BuildPlain(t.TempDir(), "cmd/api", "cmd/worker", "cmd/migrate")
+	bins, err := testkit.BuildPlain(t.TempDir(), "cmd/api", "cmd/worker", "cmd/nanocmd", "cmd/migrate")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,8 +112,9 @@ func TestTheReferenceListsEveryFlagOfEveryBinary(t *testing.T) {
 		"api":     append(append([]refRow{}, tables["`api`"]...), shared...),
 		"worker":  append(append([]refRow{}, tables["`worker`"]...), shared...),
 		"migrate": tables["`migrate`"],
+		"nanocmd": tables["`nanocmd`"],
 	}
-	for _, bin := range []string{"api", "worker", "migrate"} {
+	for _, bin := range []string{"api", "worker", "migrate", "nanocmd"} {
 		flags := helpFlags(t, bins[bin])
 		rows := map[string]refRow{}
 		for _, r := range documented[bin] {

@@ -7,11 +7,13 @@ package scheduler
 import (
 	"context"
 	"errors"
+	"sync"
 	"time"
 
 	"github.com/hibiken/asynq"
 	"github.com/rs/zerolog"
 
+	"github.com/stepcollect/stepcollect/storage"
 	"github.com/stepcollect/stepcollect/tasks"
 )
 
@@ -32,6 +34,8 @@ type Scheduler struct {
 	store    Store
 	enq      Enqueuer
 	logger   zerolog.Logger
+
+	ownedOnce sync.Once // says once that cmd/nanocmd owns the schedule
 }
 
 // New returns a Scheduler running every interval (0: never).
@@ -48,6 +52,11 @@ func (s *Scheduler) ProcessTask(ctx context.Context, t *asynq.Task) error {
 	now := time.Now()
 	due, dueErr := s.store.SendDueSteps(ctx, now)
 	timedOut, toErr := s.store.TimeOutSteps(ctx, now)
+	if errors.Is(dueErr, storage.ErrScheduleOwnedByEngine) && errors.Is(toErr, storage.ErrScheduleOwnedByEngine) {
+		// cmd/nanocmd's engine worker acts on them; not a failure to retry
+		s.ownedOnce.Do(func() { s.logger.Info().Err(dueErr).Msg("scheduler idle on this database") })
+		return nil
+	}
 	err := errors.Join(dueErr, toErr)
 	ev := s.logger.Debug()
 	if due+timedOut > 0 {

@@ -10,6 +10,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/stepcollect/stepcollect/scheduler"
+	"github.com/stepcollect/stepcollect/storage"
 	"github.com/stepcollect/stepcollect/tasks"
 )
 
@@ -64,5 +65,15 @@ func TestAScheduleTaskOfAnUnknownVersionIsNotRetried(t *testing.T) {
 	err := s.ProcessTask(t.Context(), asynq.NewTask(tasks.TypeSchedule, []byte(`{"v":99}`)))
 	if !errors.Is(err, asynq.SkipRetry) {
 		t.Errorf("unknown version: %v, want SkipRetry", err)
+	}
+}
+
+// On a database cmd/nanocmd owns, a run that the storage refused is not a
+// failure to retry: NanoCMD's engine worker acts on those steps.
+func TestARunOnADatabaseNanoCMDOwnsIsNotAFailure(t *testing.T) {
+	st := &fakeStore{dueErr: storage.ErrScheduleOwnedByEngine, toErr: storage.ErrScheduleOwnedByEngine}
+	s := scheduler.New(time.Second, st, nil, zerolog.Nop())
+	if err := s.ProcessTask(t.Context(), scheduleTask(t)); err != nil {
+		t.Errorf("run refused by the storage: %v, want nil (nothing to retry)", err)
 	}
 }

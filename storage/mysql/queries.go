@@ -282,6 +282,8 @@ INSERT INTO stepcollect_state (name, value)
 SELECT * FROM (SELECT ? AS n, ? AS v) AS x
 ON DUPLICATE KEY UPDATE value = x.v, updated_at = CURRENT_TIMESTAMP(6)`
 
+	qStateExists = `SELECT COUNT(*) FROM stepcollect_state WHERE name = ?`
+
 	qStepStatus = `
 SELECT s.workflow_name, s.instance_id, s.step_name, s.created_at,
   (SELECT COUNT(DISTINCT c.enrollment_id) FROM id_commands c WHERE c.step_id = s.id)

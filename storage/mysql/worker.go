@@ -39,7 +39,13 @@ func (s *Storage) RetrieveStepsToEnqueue(ctx context.Context, pushTime time.Time
 // returns how many. The service's replacement for RetrieveStepsToEnqueue:
 // the workflow engine learns of due steps through the outbox.
 func (s *Storage) SendDueSteps(ctx context.Context, now time.Time) (int, error) {
+	if err := scheduleOwnedElsewhere(ctx, s.db); err != nil {
+		return 0, err
+	}
 	refs, err := dueSteps(ctx, s, now, func(ctx context.Context, tx *sql.Tx, stepID int64, se *nanostorage.StepEnqueueing) (storage.OutboxRef, error) {
+		if err := scheduleOwnedElsewhere(ctx, tx); err != nil {
+			return storage.OutboxRef{}, err
+		}
 		return s.insertEvent(ctx, tx, events.Due(stepID, se, now), "")
 	})
 	s.eventsWritten(ctx, refs) // those of the batches that committed
@@ -177,7 +183,13 @@ func (s *Storage) RetrieveTimedOutSteps(ctx context.Context) ([]*nanostorage.Ste
 // deletes it, and returns how many. The service's replacement for
 // RetrieveTimedOutSteps.
 func (s *Storage) TimeOutSteps(ctx context.Context, now time.Time) (int, error) {
+	if err := scheduleOwnedElsewhere(ctx, s.db); err != nil {
+		return 0, err
+	}
 	refs, err := timedOutSteps(ctx, s, now, func(ctx context.Context, tx *sql.Tx, stepID int64, r *nanostorage.StepResult) (storage.OutboxRef, error) {
+		if err := scheduleOwnedElsewhere(ctx, tx); err != nil {
+			return storage.OutboxRef{}, err
+		}
 		return s.insertEvent(ctx, tx, events.FromStepResult(events.StepTimedOut, stepID, r, now), r.IDs[0])
 	})
 	s.eventsWritten(ctx, refs) // those of the batches that committed

@@ -1,0 +1,49 @@
+// Command nanocmd is NanoCMD v0.7.1's server (the same flags, NANOCMD_*
+// variables, routes and workflows) on stepcollect's storage: with -storage
+// mysql the engine and every subsystem are in MySQL or MariaDB.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/micromdm/nanocmd/logkeys"
+	"github.com/micromdm/nanolib/log/stdlogfmt"
+	"github.com/rs/zerolog"
+
+	"github.com/stepcollect/stepcollect/internal/version"
+	"github.com/stepcollect/stepcollect/nanocmdapp"
+)
+
+func main() {
+	cfg, err := nanocmdapp.Parse(os.Args[0], os.Args[1:], os.Environ(), os.Stderr)
+	if err == nanocmdapp.ErrHelp {
+		os.Exit(0)
+	} else if err != nil {
+		os.Exit(2)
+	}
+	if cfg.Version {
+		fmt.Println(version.Get().Version)
+		return
+	}
+	logger := stdlogfmt.New(stdlogfmt.WithDebugFlag(cfg.Debug))
+	level := zerolog.InfoLevel
+	if cfg.Debug {
+		level = zerolog.DebugLevel
+	}
+	zl := zerolog.New(os.Stderr).Level(level).With().Timestamp().Logger()
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	srv, err := nanocmdapp.New(ctx, cfg, logger, zl)
+	if err != nil {
+		logger.Info(logkeys.Message, "starting", logkeys.Error, err)
+		os.Exit(1)
+	}
+	if err := srv.Run(ctx); err != nil {
+		os.Exit(1)
+	}
+}

@@ -1,0 +1,86 @@
+// Derived from NanoCMD v0.7.1's cmd/nanocmd/main.go:
+//
+// Copyright 2023 Jesse Peterson
+// Licensed under the MIT License (github.com/micromdm/nanocmd, LICENSE).
+
+package nanocmdapp
+
+import (
+	"errors"
+	"flag"
+	"io"
+	"time"
+
+	"github.com/micromdm/nanocmd/engine"
+	"github.com/micromdm/nanolib/envflag"
+)
+
+// EnvPrefix is NanoCMD's: every flag -x-y has the fallback NANOCMD_X_Y.
+const EnvPrefix = "NANOCMD_"
+
+// Config is NanoCMD v0.7.1's command line, with the same names, meanings
+// and defaults, and stepcollect's additions after it.
+type Config struct {
+	Debug          bool
+	Listen         string
+	Version        bool
+	DumpWebhook    bool
+	APIKey         string
+	EnqueueURL     string
+	PushURL        string
+	EnqueueAPI     string
+	Storage        string
+	StorageDSN     string
+	StorageOptions string
+	MicroMDM       bool
+	WorkerInterval uint // seconds; 0 disables the engine worker
+	RePushInterval uint // seconds
+	StepTimeout    uint // seconds
+
+	// Additions.
+	WebhookHMACKey string // NanoMDM's -webhook-hmac-key: X-Hmac-Signature checked when set
+	SweepInterval  uint   // seconds between sweeps for uncollected steps (-storage mysql); 0 disables
+}
+
+// FlagSet defines cfg's flags on a new flag set named name. Its -h output
+// is NanoCMD's, two lines longer.
+func FlagSet(name string, cfg *Config) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.BoolVar(&cfg.Debug, "debug", false, "log debug messages")
+	fs.StringVar(&cfg.Listen, "listen", ":9003", "HTTP listen address")
+	fs.BoolVar(&cfg.Version, "version", false, "print version and exit")
+	fs.BoolVar(&cfg.DumpWebhook, "dump-webhook", false, "dump webhook input")
+	fs.StringVar(&cfg.APIKey, "api", "", "API key for API endpoints")
+	fs.StringVar(&cfg.EnqueueURL, "enqueue-url", "", "URL of MDM server enqueue endpoint")
+	fs.StringVar(&cfg.PushURL, "push-url", "", "URL of MDM server push endpoint")
+	fs.StringVar(&cfg.EnqueueAPI, "enqueue-api", "", "MDM server API key")
+	fs.StringVar(&cfg.Storage, "storage", "file", "name of storage backend")
+	fs.StringVar(&cfg.StorageDSN, "storage-dsn", "", "data source name (e.g. connection string or path)")
+	fs.StringVar(&cfg.StorageOptions, "storage-options", "", "storage backend options")
+	fs.BoolVar(&cfg.MicroMDM, "micromdm", false, "MicroMDM-style command submission")
+	fs.UintVar(&cfg.WorkerInterval, "worker-interval", uint(engine.DefaultDuration/time.Second), "interval for worker in seconds")
+	fs.UintVar(&cfg.RePushInterval, "repush-interval", uint(engine.DefaultRePushDuration/time.Second), "interval for repushes in seconds")
+	fs.UintVar(&cfg.StepTimeout, "step-timeout", uint(engine.DefaultTimeout/time.Second), "default step timeout in seconds")
+
+	fs.StringVar(&cfg.WebhookHMACKey, "webhook-hmac-key", "", "NanoMDM's -webhook-hmac-key: webhook bodies must carry its X-Hmac-Signature (none: not checked)")
+	fs.UintVar(&cfg.SweepInterval, "sweep-interval", 30, "with -storage mysql: seconds between sweeps for steps left uncollected; 0 disables")
+	return fs
+}
+
+// ErrHelp is returned by Parse for -h.
+var ErrHelp = flag.ErrHelp
+
+// Parse reads args with the NANOCMD_ environment of environ as fallbacks,
+// as NanoCMD does (-version has none). Usage and errors go to out.
+func Parse(name string, args, environ []string, out io.Writer) (*Config, error) {
+	cfg := &Config{}
+	fs := FlagSet(name, cfg)
+	fs.SetOutput(out)
+	if err := envflag.ParseFlagSet(fs, args, EnvPrefix, environ, []string{"version"}); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, errors.New("unexpected arguments: " + fs.Arg(0))
+	}
+	return cfg, nil
+}

@@ -1,0 +1,101 @@
+package mysqlstore
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/micromdm/nanocmd/subsystem/inventory/storage"
+)
+
+// Inventory is NanoCMD's inventory storage: one JSON object of values per
+// enrollment (as NanoCMD's kv backends store it), merged in one short
+// transaction under that enrollment's row lock, so that merges from any
+// number of replicas never lose one another's values.
+type Inventory struct{ db *sql.DB }
+
+var _ storage.Storage = (*Inventory)(nil)
+
+// NewInventory returns the inventory storage on db (migrated by Migrate).
+func NewInventory(db *sql.DB) *Inventory { return &Inventory{db: db} }
+
+// RetrieveInventory returns the values of the ids that have any.
+func (s *Inventory) RetrieveInventory(ctx context.Context, opt *storage.SearchOptions) (map[string]storage.Values, error) {
+	if opt == nil || len(opt.IDs) < 1 {
+		return nil, storage.ErrNoIDs
+	}
+	ret := make(map[string]storage.Values, len(opt.IDs))
+	err := chunks(opt.IDs, func(ids []string) error {
+		rows, err := s.db.QueryContext(ctx, expand(qInventories, len(ids)), anys(ids)...)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var id string
+			var raw []byte
+			if err := rows.Scan(&id, &raw); err != nil {
+				return err
+			}
+			var v storage.Values
+			if err := json.Unmarshal(raw, &v); err != nil {
+				return fmt.Errorf("values of %s: %w", id, err)
+			}
+			ret[id] = v
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return nil, fmt.Errorf("retrieving inventory: %w", err)
+	}
+	return ret, nil
+}
+
+// StoreInventoryValues merges values into id's.
+func (s *Inventory) StoreInventoryValues(ctx context.Context, id string, values storage.Values) error {
+	if id == "" {
+		return storage.ErrNoIDs
+	}
+	if len(values) == 0 {
+		return nil
+	}
+	return inTx(ctx, s.db, "storing inventory of "+id, func(tx *sql.Tx) error {
+		var raw []byte
+		err := tx.QueryRowContext(ctx, qLockInventory, id).Scan(&raw)
+		if errors.Is(err, sql.ErrNoRows) {
+			// first values: a concurrent first insert makes this one a
+			// duplicate key, and the retry merges into it
+			b, err := json.Marshal(values)
+			if err != nil {
+				return fmt.Errorf("marshal values: %w", err)
+			}
+			_, err = tx.ExecContext(ctx, qInsertInventory, id, b)
+			return err
+		} else if err != nil {
+			return err
+		}
+		merged := storage.Values{}
+		if err := json.Unmarshal(raw, &merged); err != nil {
+			return fmt.Errorf("stored values: %w", err)
+		}
+		for k, v := range values {
+			merged[k] = v
+		}
+		b, err := json.Marshal(merged)
+		if err != nil {
+			return fmt.Errorf("marshal values: %w", err)
+		}
+		_, err = tx.ExecContext(ctx, qUpdateInventory, b, id)
+		return err
+	})
+}
+
+// DeleteInventory deletes id's values.
+func (s *Inventory) DeleteInventory(ctx context.Context, id string) error {
+	if _, err := s.db.ExecContext(ctx, qDeleteInventory, id); err != nil {
+		return fmt.Errorf("deleting inventory of %s: %w", id, err)
+	}
+	return nil
+}

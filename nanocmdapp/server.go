@@ -1,0 +1,269 @@
+// Derived from NanoCMD v0.7.1's cmd/nanocmd/main.go:
+//
+// Copyright 2023 Jesse Peterson
+// Licensed under the MIT License (github.com/micromdm/nanocmd, LICENSE).
+
+// Package nanocmdapp is cmd/nanocmd: NanoCMD v0.7.1's server, with its
+// flags, routes, auth and workflows, wired as its own main wires them, and
+// with -storage mysql on stepcollect's storage for the engine and MySQL
+// storages for every subsystem.
+package nanocmdapp
+
+import (
+	"bytes"
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/alexedwards/flow"
+	"github.com/micromdm/nanocmd/engine"
+	enginehttp "github.com/micromdm/nanocmd/engine/http"
+	httpcmd "github.com/micromdm/nanocmd/http"
+	"github.com/micromdm/nanocmd/logkeys"
+	"github.com/micromdm/nanocmd/mdm/foss"
+	cmdplanhttp "github.com/micromdm/nanocmd/subsystem/cmdplan/http"
+	fvenablehttp "github.com/micromdm/nanocmd/subsystem/filevault/http"
+	invhttp "github.com/micromdm/nanocmd/subsystem/inventory/http"
+	profhttp "github.com/micromdm/nanocmd/subsystem/profile/http"
+	nanohttp "github.com/micromdm/nanolib/http"
+	"github.com/micromdm/nanolib/http/trace"
+	"github.com/micromdm/nanolib/log"
+	"github.com/rs/zerolog"
+
+	"github.com/stepcollect/stepcollect/internal/version"
+)
+
+const (
+	apiUsername = "nanocmd"
+	apiRealm    = "nanocmd"
+
+	// maxWebhookBody bounds a webhook body read for its HMAC (stepcollect's
+	// api default; MDM results can be large).
+	maxWebhookBody = 32 << 20
+)
+
+// Server is one cmd/nanocmd process.
+type Server struct {
+	cfg      *Config
+	logger   log.Logger
+	zl       zerolog.Logger
+	storage  *storageConfig
+	worker   *engine.Worker
+	handler  http.Handler
+	listener net.Listener
+}
+
+// New builds the server as NanoCMD's main does, and listens on cfg.Listen.
+// logger is NanoCMD's (its packages log through it); zl is stepcollect's
+// storage's.
+func New(ctx context.Context, cfg *Config, logger log.Logger, zl zerolog.Logger) (_ *Server, err error) {
+	if cfg.EnqueueURL == "" || cfg.EnqueueAPI == "" || cfg.PushURL == "" {
+		return nil, errors.New("enqueue URL, push URL, and API required")
+	}
+	storage, err := parseStorage(ctx, cfg, zl)
+	if err != nil {
+		return nil, fmt.Errorf("parse storage: %w", err)
+	}
+	s := &Server{cfg: cfg, logger: logger, zl: zl, storage: storage}
+	defer func() {
+		if err != nil {
+			s.close()
+		}
+	}()
+
+	// configure our "MDM" i.e. how we send commands and receive responses
+	opts := []foss.Option{
+		foss.WithLogger(logger.With("service", "mdm")),
+		foss.WithPush(cfg.PushURL),
+	}
+	if cfg.MicroMDM {
+		opts = append(opts, foss.WithMicroMDM())
+	}
+	fossMDM, err := foss.NewFossMDM(cfg.EnqueueURL, cfg.EnqueueAPI, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("creating enqueuer: %w", err)
+	}
+
+	// configure the workflow engine
+	eOpts := []engine.Option{engine.WithLogger(logger.With("service", "engine"))}
+	if cfg.StepTimeout > 0 {
+		eOpts = append(eOpts, engine.WithDefaultTimeout(time.Second*time.Duration(cfg.StepTimeout)))
+	}
+	if storage.event != nil {
+		eOpts = append(eOpts, engine.WithEventStorage(storage.event))
+	}
+	e := engine.New(storage.engine, fossMDM, eOpts...)
+
+	// the engine worker: timeouts, re-pushes and NotUntil, as in NanoCMD
+	// (stepcollect's scheduler leaves this database's steps to it)
+	if cfg.WorkerInterval > 0 {
+		wOpts := []engine.WorkerOption{
+			engine.WithWorkerLogger(logger.With("service", "engine worker")),
+			engine.WithWorkerDuration(time.Second * time.Duration(cfg.WorkerInterval)),
+		}
+		if cfg.RePushInterval > 0 {
+			wOpts = append(wOpts, engine.WithWorkerRePushDuration(time.Second*time.Duration(cfg.RePushInterval)))
+		}
+		s.worker = engine.NewWorker(e, storage.engine, fossMDM, wOpts...)
+	}
+
+	if err = registerWorkflows(logger, e, storage, e); err != nil {
+		return nil, fmt.Errorf("registering workflows: %w", err)
+	}
+
+	mux := flow.New()
+	mux.Handle("/version", nanohttp.NewJSONVersionHandler(version.Get().Version))
+
+	var eventHandler foss.MDMEventReceiver = e
+	if cfg.DumpWebhook {
+		eventHandler = foss.NewMDMEventDumper(eventHandler, os.Stdout)
+	}
+	var h http.Handler = foss.WebhookHandler(eventHandler, logger.With("handler", "webhook"))
+	if cfg.DumpWebhook {
+		h = httpcmd.DumpHandler(h, os.Stdout)
+	}
+	if cfg.WebhookHMACKey != "" {
+		h = verifyHMAC(h, []byte(cfg.WebhookHMACKey), logger.With("handler", "webhook"))
+	}
+	mux.Handle("/webhook", h)
+
+	if cfg.APIKey != "" {
+		mux.Group(func(mux *flow.Mux) {
+			mux.Use(func(h http.Handler) http.Handler {
+				return nanohttp.NewSimpleBasicAuthHandler(h, apiUsername, cfg.APIKey, apiRealm)
+			})
+
+			enginehttp.HandleAPIv1("/v1", mux, logger, e, storage.event)
+			// v0.7.1 serves the inventory at /inventory (its handler
+			// ignores the prefix); its docs say /v1/inventory: both
+			invhttp.HandleAPIv1("/v1", mux, logger, storage.inventory)
+			mux.Handle("/v1/inventory", invhttp.RetrieveInventory(storage.inventory, logger.With("handler", "get-inventory")), "GET")
+			profhttp.HandleAPIv1("/v1", mux, logger, storage.profile)
+			fvenablehttp.HandleAPIv1("/v1", mux)
+			cmdplanhttp.HandleAPIv1("/v1", mux, logger, storage.cmdplan)
+		})
+	}
+	s.handler = trace.NewTraceLoggingHandler(mux, logger.With("handler", "log"), newTraceID)
+
+	if s.listener, err = net.Listen("tcp", cfg.Listen); err != nil {
+		return nil, fmt.Errorf("-listen %s: %w", cfg.Listen, err)
+	}
+	return s, nil
+}
+
+// Addr is the address the server listens on.
+func (s *Server) Addr() string { return s.listener.Addr().String() }
+
+// Run serves until ctx ends, with the engine worker and, with -storage
+// mysql, the sweep beside it.
+func (s *Server) Run(ctx context.Context) error {
+	defer s.close()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if s.worker != nil {
+		go func() {
+			err := s.worker.Run(ctx)
+			logs := []interface{}{logkeys.Message, "engine worker stopped"}
+			if err != nil && ctx.Err() == nil {
+				s.logger.Info(append(logs, logkeys.Error, err)...)
+				return
+			}
+			s.logger.Debug(logs...)
+		}()
+	}
+	if s.storage.sweeper != nil && s.cfg.SweepInterval > 0 {
+		go s.sweep(ctx, time.Duration(s.cfg.SweepInterval)*time.Second)
+	}
+
+	srv := &http.Server{Handler: s.handler, ReadHeaderTimeout: 30 * time.Second}
+	go func() {
+		<-ctx.Done()
+		shut, done := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer done()
+		srv.Shutdown(shut)
+	}()
+	s.logger.Info(logkeys.Message, "starting server", "listen", s.Addr())
+	err := srv.Serve(s.listener)
+	logs := []interface{}{logkeys.Message, "server shutdown"}
+	if errors.Is(err, http.ErrServerClosed) {
+		err = nil
+	}
+	if err != nil {
+		logs = append(logs, logkeys.Error, err)
+	}
+	s.logger.Info(logs...)
+	return err
+}
+
+// sweep collects, every interval, the steps whose inline collection did
+// not happen (a crash between the commit and the collection, a claim that
+// was skipped). Safe on any number of replicas: claims are SKIP LOCKED.
+func (s *Server) sweep(ctx context.Context, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		res, err := s.storage.sweeper.Sweep(ctx)
+		ev := s.zl.Debug()
+		if err != nil && ctx.Err() == nil {
+			ev = s.zl.Warn().Err(err)
+		} else if res.Collected > 0 {
+			ev = s.zl.Info()
+		}
+		ev.Str("component", "sweeper").Int("examined", res.Examined).Int("collected", res.Collected).Msg("sweep")
+	}
+}
+
+func (s *Server) close() {
+	if s.listener != nil {
+		s.listener.Close()
+	}
+	if s.storage != nil && s.storage.close != nil {
+		s.storage.close()
+	}
+}
+
+// verifyHMAC refuses (401) a webhook body without NanoMDM's
+// X-Hmac-Signature (standard base64 of HMAC-SHA256 over the body) for key.
+func verifyHMAC(next http.Handler, key []byte, logger log.Logger) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxWebhookBody))
+		if err != nil {
+			var tooLarge *http.MaxBytesError
+			if errors.As(err, &tooLarge) {
+				http.Error(w, fmt.Sprintf("webhook body over %d bytes", maxWebhookBody), http.StatusRequestEntityTooLarge)
+				return
+			}
+			http.Error(w, "reading webhook body: "+err.Error(), http.StatusBadRequest)
+			return
+		}
+		sig, err := base64.StdEncoding.DecodeString(r.Header.Get("X-Hmac-Signature"))
+		mac := hmac.New(sha256.New, key)
+		mac.Write(body)
+		if err != nil || !hmac.Equal(sig, mac.Sum(nil)) {
+			logger.Info(logkeys.Message, "webhook HMAC", logkeys.Error, "X-Hmac-Signature missing or wrong")
+			http.Error(w, "X-Hmac-Signature: missing or wrong (-webhook-hmac-key)", http.StatusUnauthorized)
+			return
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		next.ServeHTTP(w, r)
+	})
+}
+
+// newTraceID generates a new HTTP trace ID for context logging, as NanoCMD's.
+func newTraceID(_ *http.Request) string {
+	return fmt.Sprintf("%016x", rand.Uint64())
+}

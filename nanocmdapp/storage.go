@@ -1,0 +1,156 @@
+// Derived from NanoCMD v0.7.1's cmd/nanocmd/storage.go:
+//
+// Copyright 2023 Jesse Peterson
+// Licensed under the MIT License (github.com/micromdm/nanocmd, LICENSE).
+
+package nanocmdapp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"runtime"
+	"time"
+
+	storageeng "github.com/micromdm/nanocmd/engine/storage"
+	storageengdiskv "github.com/micromdm/nanocmd/engine/storage/diskv"
+	storageenginmem "github.com/micromdm/nanocmd/engine/storage/inmem"
+	storagecmdplan "github.com/micromdm/nanocmd/subsystem/cmdplan/storage"
+	storagecmdplandiskv "github.com/micromdm/nanocmd/subsystem/cmdplan/storage/diskv"
+	storagecmdplaninmem "github.com/micromdm/nanocmd/subsystem/cmdplan/storage/inmem"
+	storagefv "github.com/micromdm/nanocmd/subsystem/filevault/storage"
+	storagefvdiskv "github.com/micromdm/nanocmd/subsystem/filevault/storage/diskv"
+	storagefvinmem "github.com/micromdm/nanocmd/subsystem/filevault/storage/inmem"
+	storagefvinvprk "github.com/micromdm/nanocmd/subsystem/filevault/storage/invprk"
+	storageinv "github.com/micromdm/nanocmd/subsystem/inventory/storage"
+	storageinvdiskv "github.com/micromdm/nanocmd/subsystem/inventory/storage/diskv"
+	storageinvinmem "github.com/micromdm/nanocmd/subsystem/inventory/storage/inmem"
+	storageprof "github.com/micromdm/nanocmd/subsystem/profile/storage"
+	storageprofdiskv "github.com/micromdm/nanocmd/subsystem/profile/storage/diskv"
+	storageprofinmem "github.com/micromdm/nanocmd/subsystem/profile/storage/inmem"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+
+	"github.com/stepcollect/stepcollect/collector"
+	"github.com/stepcollect/stepcollect/metrics"
+	"github.com/stepcollect/stepcollect/nanocmdapp/mysqlstore"
+	stepmysql "github.com/stepcollect/stepcollect/storage/mysql"
+)
+
+type storageConfig struct {
+	inventory storageinv.Storage
+	engine    storageeng.AllStorage
+	profile   storageprof.Storage
+	cmdplan   storagecmdplan.Storage
+	event     storageeng.EventSubscriptionStorage
+	filevault storagefv.FVRotate
+
+	// with -storage mysql
+	sweeper *collector.Sweeper
+	close   func() error
+}
+
+// PoolSize is the MySQL pool of -storage mysql, open and idle alike, so
+// that connections are opened once and kept, not one per webhook:
+// database/sql keeps only two idle by default, and a burst of results
+// churned a new connection for most of them.
+func PoolSize() int { return max(32, 8*runtime.GOMAXPROCS(0)) }
+
+func parseStorage(ctx context.Context, cfg *Config, zl zerolog.Logger) (*storageConfig, error) {
+	name, dsn := cfg.Storage, cfg.StorageDSN
+	switch name {
+	case "inmem":
+		inv := storageinvinmem.New()
+		fv, err := storagefvinmem.New(storagefvinvprk.NewInvPRK(inv))
+		if err != nil {
+			return nil, fmt.Errorf("creating filevault inmem storage: %w", err)
+		}
+		eng := storageenginmem.New()
+		return &storageConfig{
+			engine:    eng,
+			inventory: inv,
+			profile:   storageprofinmem.New(),
+			cmdplan:   storagecmdplaninmem.New(),
+			event:     eng,
+			filevault: fv,
+		}, nil
+	case "file", "diskv":
+		if dsn == "" {
+			dsn = "db"
+		}
+		inv := storageinvdiskv.New(filepath.Join(dsn, "inventory"))
+		fv, err := storagefvdiskv.New(filepath.Join(dsn, "fvkey"), storagefvinvprk.NewInvPRK(inv))
+		if err != nil {
+			return nil, fmt.Errorf("creating filevault diskv storage: %w", err)
+		}
+		eng := storageengdiskv.New(dsn)
+		return &storageConfig{
+			engine:    eng,
+			inventory: inv,
+			profile:   storageprofdiskv.New(filepath.Join(dsn, "profile")),
+			cmdplan:   storagecmdplandiskv.New(filepath.Join(dsn, "cmdplan")),
+			event:     eng,
+			filevault: fv,
+		}, nil
+	case "mysql":
+		return mysqlStorage(ctx, cfg, zl)
+	}
+	return nil, fmt.Errorf("unknown storage: %s", name)
+}
+
+// mysqlStorage is every storage on the one database: stepcollect's for the
+// engine (collection inline after each commit, a periodic sweep for what
+// that missed), mysqlstore's for the subsystems. Both schemas are applied
+// at start; a NanoCMD v0.7.1 database is adopted in place.
+func mysqlStorage(ctx context.Context, cfg *Config, zl zerolog.Logger) (_ *storageConfig, err error) {
+	if cfg.StorageDSN == "" {
+		return nil, errors.New("-storage mysql: -storage-dsn is required")
+	}
+	db, err := stepmysql.OpenDB(cfg.StorageDSN)
+	if err != nil {
+		return nil, fmt.Errorf("-storage-dsn: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			db.Close()
+		}
+	}()
+	db.SetMaxOpenConns(PoolSize())
+	db.SetMaxIdleConns(PoolSize())
+	db.SetConnMaxIdleTime(5 * time.Minute)
+	startCtx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if err := stepmysql.Migrate(startCtx, db); err != nil {
+		return nil, err
+	}
+	if err := mysqlstore.Migrate(startCtx, db); err != nil {
+		return nil, err
+	}
+	eng, err := stepmysql.New(stepmysql.WithDB(db), stepmysql.WithLogger(zl.With().Str("component", "storage").Logger()))
+	if err != nil {
+		return nil, err
+	}
+	// before anything is served: from here on no cmd/worker's scheduler
+	// claims this database's steps (NanoCMD's engine worker does)
+	if err := eng.MarkScheduleOwnedByEngine(startCtx); err != nil {
+		return nil, err
+	}
+	inv := mysqlstore.NewInventory(db)
+	fv, err := mysqlstore.NewFileVault(startCtx, db, storagefvinvprk.NewInvPRK(inv))
+	if err != nil {
+		return nil, err
+	}
+	sweeper := collector.NewSweeper(collector.SweeperConfig{Interval: time.Duration(cfg.SweepInterval) * time.Second},
+		eng, nil, metrics.NewSweeper(prometheus.NewRegistry()), zl.With().Str("component", "sweeper").Logger())
+	return &storageConfig{
+		engine:    eng,
+		inventory: inv,
+		profile:   mysqlstore.NewProfiles(db),
+		cmdplan:   mysqlstore.NewCMDPlans(db),
+		event:     eng,
+		filevault: fv,
+		sweeper:   sweeper,
+		close:     db.Close,
+	}, nil
+}
