@@ -88,9 +88,13 @@ func New(ctx context.Context, cfg *Config, logger log.Logger, zl zerolog.Logger)
 	if cfg.MicroMDM {
 		opts = append(opts, foss.WithMicroMDM())
 	}
-	fossMDM, err := foss.NewFossMDM(cfg.EnqueueURL, cfg.EnqueueAPI, opts...)
+	fm, err := foss.NewFossMDM(cfg.EnqueueURL, cfg.EnqueueAPI, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("creating enqueuer: %w", err)
+	}
+	fossMDM := chunkedEnqueuer{FossMDM: fm, max: fossChunk}
+	if cfg.MicroMDM {
+		fossMDM.max = 1
 	}
 
 	// configure the workflow engine
