@@ -192,6 +192,12 @@ func New(opts ...Option) (*Storage, error) {
 // once per connection by a statement both MySQL and MariaDB take (their
 // DSN variable names differ), it costs nothing per transaction, where
 // sql.TxOptions costs go-sql-driver a round trip each time.
+//
+// The pool keeps as many idle connections as it may open (DefaultPoolSize
+// of each; database/sql's own default keeps 2 idle, so a server taking
+// results concurrently would open and close a connection per result), and
+// lets an idle one go after DefaultConnMaxIdleTime. An embedder that runs
+// more at once sets both with SetMaxOpenConns and SetMaxIdleConns.
 func OpenDB(dsn string) (*sql.DB, error) {
 	mc, err := mysql.ParseDSN(dsn)
 	if err != nil {
@@ -211,8 +217,18 @@ func OpenDB(dsn string) (*sql.DB, error) {
 	if err != nil {
 		return nil, fmt.Errorf("mysql dsn: %w", err)
 	}
-	return sql.OpenDB(sessionConnector{Connector: conn, setup: []string{readCommittedSession}}), nil
+	db := sql.OpenDB(sessionConnector{Connector: conn, setup: []string{readCommittedSession}})
+	db.SetMaxOpenConns(DefaultPoolSize)
+	db.SetMaxIdleConns(DefaultPoolSize)
+	db.SetConnMaxIdleTime(DefaultConnMaxIdleTime)
+	return db, nil
 }
+
+// DefaultPoolSize and DefaultConnMaxIdleTime are the pool OpenDB opens.
+const (
+	DefaultPoolSize        = 64
+	DefaultConnMaxIdleTime = 5 * time.Minute
+)
 
 const readCommittedSession = "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED"
 

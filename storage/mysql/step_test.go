@@ -7,6 +7,7 @@ import (
 	"go/token"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -231,5 +232,35 @@ func TestOpenDBSessionsAreReadCommitted(t *testing.T) {
 	}
 	if level != "READ-COMMITTED" {
 		t.Errorf("session isolation %s, want READ-COMMITTED", level)
+	}
+}
+
+// OpenDB's pool keeps its connections between bursts: database/sql's own
+// default keeps 2 idle, so every burst of concurrent results opened (and
+// then closed) a connection for each result but two.
+func TestOpenDBKeepsItsConnectionsBetweenBursts(t *testing.T) {
+	tdb := testkit.NewDB(t, nil)
+	db, err := mysql.OpenDB(tdb.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	burst := func() {
+		var wg sync.WaitGroup
+		for range 40 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if _, err := db.Exec(`DO SLEEP(0.05)`); err != nil {
+					t.Error(err)
+				}
+			}()
+		}
+		wg.Wait()
+	}
+	burst()
+	burst()
+	if st := db.Stats(); st.MaxIdleClosed != 0 || st.MaxOpenConnections != mysql.DefaultPoolSize {
+		t.Errorf("after two bursts of 40: %d connections closed for want of idle room, %d open at most; want 0 and %d", st.MaxIdleClosed, st.MaxOpenConnections, mysql.DefaultPoolSize)
 	}
 }
