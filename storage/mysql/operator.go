@@ -149,16 +149,13 @@ func (s *Storage) CancelStep(ctx context.Context, stepID int64) (int, error) {
 						n++
 					}
 				}
-				return chunks(keys, maxInList, func(kc [][2]string) error {
-					a := make([]any, 0, 2*len(kc))
-					for _, k := range kc {
-						a = append(a, k[0], k[1])
-					}
-					if _, err := tx.ExecContext(ctx, expand(qDeleteIDCommandsByKey, len(kc)), a...); err != nil {
-						return fmt.Errorf("deleting rows: %w", err)
-					}
+				if len(keys) == 0 {
 					return nil
-				})
+				}
+				if _, err := tx.ExecContext(ctx, expand(qDeleteStepRows, len(c)), append(args(c), stepID)...); err != nil {
+					return fmt.Errorf("deleting rows: %w", err)
+				}
+				return nil
 			})
 		})
 		if err != nil {
