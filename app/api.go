@@ -44,6 +44,9 @@ type APIConfig struct {
 	MaxStepIDs, MaxStepCommands, MaxStepRows int
 	// DumpWebhook writes every webhook body to standard output.
 	DumpWebhook bool
+	// DefaultStepTimeout is the timeout of a step posted without one
+	// (default 72h, NanoCMD's; 0: none).
+	DefaultStepTimeout time.Duration
 }
 
 // ParseAPIConfig reads the API's flags, with environment fallbacks.
@@ -62,6 +65,8 @@ func ParseAPIConfig(args []string, getenv func(string) string) (APIConfig, *conf
 	stepIDs := s.Int("max-step-ids", "STEPCOLLECT_MAX_STEP_IDS", httpapi.DefaultMaxStepIDs, "most ids in one POST /v1/steps (413 above)")
 	stepCommands := s.Int("max-step-commands", "STEPCOLLECT_MAX_STEP_COMMANDS", httpapi.DefaultMaxStepCommands, "most commands in one POST /v1/steps (413 above)")
 	stepRows := s.Int("max-step-rows", "STEPCOLLECT_MAX_STEP_ROWS", httpapi.DefaultMaxStepRows, "most ids x commands in one POST /v1/steps (413 above)")
+	stepTimeout := s.Duration("default-step-timeout", "STEPCOLLECT_DEFAULT_STEP_TIMEOUT", DefaultStepTimeout,
+		"timeout of a POST /v1/steps without one, from its not_until or from now (then step.timed_out); 0: none")
 	s.Check(config.ListenAddr("listen", listen))
 	s.Check(func() error {
 		if *metricsListen == "" {
@@ -98,10 +103,14 @@ func ParseAPIConfig(args []string, getenv func(string) string) (APIConfig, *conf
 	return APIConfig{
 		MySQLDSN: *common.dsn, RedisURL: *common.redis, Migrate: *common.migrate, Listen: *listen, MetricsListen: *metricsListen, DumpWebhook: *dumpWebhook, APIKey: *apiKey,
 		WebhookHMACKey: *hmacKey, MaxBodyBytes: int64(*maxBody), MaxInflightBodyBytes: int64(*inflight),
-		MaxStepIDs: *stepIDs, MaxStepCommands: *stepCommands, MaxStepRows: *stepRows,
+		MaxStepIDs: *stepIDs, MaxStepCommands: *stepCommands, MaxStepRows: *stepRows, DefaultStepTimeout: *stepTimeout,
 		LogLevel: *common.level, LogFormat: *common.format, MySQLMaxConns: *common.maxConns,
 	}, s, nil
 }
+
+// DefaultStepTimeout is -default-step-timeout's default: NanoCMD's three
+// days, so that no step waits for ever.
+const DefaultStepTimeout = 72 * time.Hour
 
 // requestTimeout bounds reading a request and writing its answer: a 32 MiB
 // result over a slow link.
@@ -150,13 +159,14 @@ func NewAPI(ctx context.Context, cfg APIConfig, logger zerolog.Logger) (*API, er
 		MaxInflightBodyBytes: cfg.MaxInflightBodyBytes,
 		// A request that waited for the body budget gets the server's
 		// timeouts again from when it has its share.
-		BodyTimeout:     requestTimeout,
-		MaxStepIDs:      cfg.MaxStepIDs,
-		MaxStepCommands: cfg.MaxStepCommands,
-		MaxStepRows:     cfg.MaxStepRows,
-		Ready:           readyChecks(db, enq, false, d.secrets),
-		Metrics:         m.API,
-		Gatherer:        mainGatherer,
+		BodyTimeout:        requestTimeout,
+		MaxStepIDs:         cfg.MaxStepIDs,
+		MaxStepCommands:    cfg.MaxStepCommands,
+		MaxStepRows:        cfg.MaxStepRows,
+		DefaultStepTimeout: cfg.DefaultStepTimeout,
+		Ready:              readyChecks(db, enq, false, d.secrets),
+		Metrics:            m.API,
+		Gatherer:           mainGatherer,
 	})
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {

@@ -134,6 +134,7 @@ func NewWorker(ctx context.Context, cfg WorkerConfig, logger zerolog.Logger) (*W
 	}
 	hm := http.NewServeMux()
 	hm.Handle("GET /metrics", promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{Registry: m.Registry}))
+	hm.HandleFunc("GET /version", httpapi.VersionHandler)
 	hm.HandleFunc("GET /healthz", func(rw http.ResponseWriter, _ *http.Request) { rw.WriteHeader(http.StatusOK) })
 	hm.HandleFunc("GET /readyz", httpapi.ReadyHandler(readyChecks(db, enq, true, d.secrets)))
 	w.http = &http.Server{Handler: hm, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,

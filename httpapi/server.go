@@ -27,6 +27,7 @@ import (
 
 // Store is what the HTTP API needs of the storage.
 type Store interface {
+	StepOperator
 	StoreCommandResponseAndRetrieveCompletedStep(ctx context.Context, id string, sc *nanostorage.StepCommandResult) (*nanostorage.StepResult, error)
 	CancelSteps(ctx context.Context, id, workflowName string) error
 	StoreStepID(ctx context.Context, step *nanostorage.StepEnqueuingWithConfig, pushTime time.Time) (int64, error)
@@ -78,6 +79,9 @@ type Config struct {
 	// DumpWebhook, when set, gets every webhook body as received, one per
 	// line (NanoCMD's -dump-webhook), before it is checked or decoded.
 	DumpWebhook io.Writer
+	// DefaultStepTimeout is the timeout POST /v1/steps gives a step whose
+	// body has none, counted from its not_until or from now; 0: none.
+	DefaultStepTimeout time.Duration
 	// Ready lists what /readyz checks.
 	Ready []Check
 	// Metrics is the API's metrics; Gatherer serves /metrics.
@@ -143,6 +147,12 @@ func New(cfg Config) *Server {
 	s.handle("POST /v1/steps", "enqueue_step", s.auth(s.withBody(s.enqueueStep)))
 	s.handle("GET /v1/steps/{step_id}", "step_status", s.auth(s.stepStatus))
 	s.handle("DELETE /v1/enrollments/{id}/steps", "cancel_steps", s.auth(s.cancelSteps))
+	// Operators' step endpoints (operator_steps.go) and the version.
+	s.handle("GET /v1/steps", "list_steps", s.auth(s.listSteps))
+	s.handle("GET /v1/steps/{step_id}/outstanding", "step_outstanding", s.auth(s.stepOutstanding))
+	s.handle("DELETE /v1/steps/{step_id}", "cancel_step", s.auth(s.cancelStep))
+	s.handle("DELETE /v1/steps", "cancel_workflow_instance", s.auth(s.cancelWorkflowInstance))
+	s.handle("GET /version", "version", VersionHandler)
 	s.handle("/v1/", "v1_other", s.auth(func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, http.StatusNotFound, "no such endpoint: "+r.Method+" "+oneLine(r.URL.Path))
 	}))

@@ -48,7 +48,16 @@ func (s *Server) enqueueStep(w http.ResponseWriter, r *http.Request, body []byte
 		respondError(w, r, err, "decoding the step")
 		return
 	}
-	id, err := s.cfg.Store.StoreStepID(r.Context(), step, time.Now())
+	now := time.Now()
+	if step.Timeout.IsZero() && s.cfg.DefaultStepTimeout > 0 {
+		// from when the commands go out: a not_until step's clock starts then
+		from := now
+		if step.NotUntil.After(now) {
+			from = step.NotUntil
+		}
+		step.Timeout = from.Add(s.cfg.DefaultStepTimeout).Truncate(time.Second)
+	}
+	id, err := s.cfg.Store.StoreStepID(r.Context(), step, now)
 	if err != nil {
 		respondError(w, r, err, "storing the step")
 		return

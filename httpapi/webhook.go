@@ -62,9 +62,14 @@ func (s *Server) webhook(w http.ResponseWriter, r *http.Request, body []byte, er
 		})
 		switch {
 		case errors.Is(err, storage.ErrUnknownCommand):
-			// not sent by a workflow, or its step already finished
+			// Not sent by a workflow, its step already finished or was
+			// cancelled, or stored only after its command was enqueued in
+			// NanoMDM: then the step waits for an answer that already came.
 			s.result(metrics.OutcomeIgnored)
-			logger.Debug().Msg("result for a command no step holds: ignored")
+			if s.cfg.Metrics != nil {
+				s.cfg.Metrics.UnknownCommandResults.Inc()
+			}
+			logger.Warn().Msg("result for a command no step holds: ignored (a step must be stored before its command is enqueued in NanoMDM)")
 		case err != nil:
 			if statusOf(err) < 500 {
 				s.result(metrics.OutcomeRejected) // the input's fault (too large, refused value)

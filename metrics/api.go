@@ -26,6 +26,9 @@ type API struct {
 	// (-max-inflight-body-bytes): each body weighed at its decoding's
 	// working memory, from before it is read until its handler returns.
 	InflightBodyBytes prometheus.Gauge
+	// UnknownCommandResults counts webhook results for a command no step
+	// holds (also counted as results_total{outcome="ignored"}).
+	UnknownCommandResults prometheus.Counter
 }
 
 // NewAPI creates the API metrics and registers them with reg.
@@ -53,10 +56,15 @@ func NewAPI(reg prometheus.Registerer) *API {
 			Help:      "Request-body bytes held against -max-inflight-body-bytes: each webhook or /v1/steps body weighed at its decoding's working memory, from before it is read until its handler returns.",
 		}),
 	}
+	m.UnknownCommandResults = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: Namespace,
+		Name:      "unknown_command_results_total",
+		Help:      "Webhook results for a command no step holds for that enrollment: not sent by a workflow, its step finished or was cancelled, or stored after the command was enqueued.",
+	})
 	for _, o := range []string{OutcomeCompletedStep, OutcomeStored, OutcomeNotNow, OutcomeIgnored, OutcomeRejected, OutcomeError} {
 		m.Results.WithLabelValues(o)
 	}
-	reg.MustRegister(m.Results, m.Requests, m.RequestDuration, m.InflightBodyBytes)
+	reg.MustRegister(m.Results, m.Requests, m.RequestDuration, m.InflightBodyBytes, m.UnknownCommandResults)
 	return m
 }
 

@@ -75,9 +75,11 @@ DELETE FROM id_commands WHERE enrollment_id = ? AND step_id = ?`
 	qGetStep = `
 SELECT workflow_name, instance_id, step_name, context FROM steps WHERE id = ?`
 
+	// stepcollect_ids keeps how many enrollments the step was sent to
+	// (GET /v1/steps), which id_commands forgets as they finish.
 	qCreateStep = `
-INSERT INTO steps (workflow_name, instance_id, step_name, context, not_until, timeout)
-VALUES (?, ?, ?, ?, ?, ?)`
+INSERT INTO steps (workflow_name, instance_id, step_name, context, not_until, timeout, stepcollect_ids)
+VALUES (?, ?, ?, ?, ?, ?, ?)`
 
 	qCreateStepCommands = `
 INSERT INTO step_commands (step_id, command_uuid, request_type, command) VALUES `
@@ -288,6 +290,41 @@ ON DUPLICATE KEY UPDATE value = x.v, updated_at = CURRENT_TIMESTAMP(6)`
 SELECT s.workflow_name, s.instance_id, s.step_name, s.created_at,
   (SELECT COUNT(DISTINCT c.enrollment_id) FROM id_commands c WHERE c.step_id = s.id)
 FROM steps s WHERE s.id = ?`
+
+	// Operators' step queries (operator.go). The list runs oldest first
+	// on (created_at, id): each filter has an index whose prefix it fixes
+	// (00006), and the cursor continues it as a range. The outstanding
+	// count of each listed step reads its step_id index entries only.
+	qListSteps = `
+SELECT s.id, s.workflow_name, s.instance_id, s.step_name, s.created_at, s.not_until, s.timeout, s.stepcollect_ids,
+  (SELECT COUNT(DISTINCT c.enrollment_id) FROM id_commands c WHERE c.step_id = s.id)
+FROM steps s WHERE 1 = 1`
+	qListStepsAfter       = ` AND (s.created_at > ? OR (s.created_at = ? AND s.id > ?))`
+	qListStepsWorkflow    = ` AND s.workflow_name = ?`
+	qListStepsInstance    = ` AND s.instance_id = ?`
+	qListStepsOlderThan   = ` AND s.created_at <= TIMESTAMPADD(MICROSECOND, -?, CURRENT_TIMESTAMP)`
+	qListStepsOrderLimit  = ` ORDER BY s.created_at, s.id LIMIT ?`
+	qStepExists           = `SELECT 1 FROM steps WHERE id = ?`
+	qStepOutstandingAfter = `
+SELECT DISTINCT enrollment_id FROM id_commands
+WHERE step_id = ? AND enrollment_id > ? ORDER BY enrollment_id LIMIT ?`
+
+	// Cancelling a step: the enrollments' rows locked through PRIMARY, in
+	// the order completion locks them, then deleted by the PRIMARY prefix
+	// (at most 100 enrollments, under eq_range_index_dive_limit's 200: a
+	// (enrollment_id, command_uuid) IN list of 200 pairs is estimated from
+	// statistics and scanned, 100 times slower).
+	qLockStepRows = `
+SELECT enrollment_id, command_uuid FROM id_commands FORCE INDEX (PRIMARY)
+WHERE enrollment_id IN (?) AND step_id = ?
+ORDER BY enrollment_id, command_uuid
+FOR UPDATE`
+	qDeleteStepRows = `
+DELETE FROM id_commands WHERE enrollment_id IN (?) AND step_id = ?`
+
+	// A workflow instance's steps, by the instance index.
+	qInstanceSteps = `
+SELECT id FROM steps WHERE instance_id = ? AND workflow_name = ? AND id > ? ORDER BY id LIMIT ?`
 
 	qGetWorkflowStarted = `
 SELECT last_created_unix FROM wf_status WHERE enrollment_id = ? AND workflow_name = ?`

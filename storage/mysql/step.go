@@ -67,7 +67,7 @@ func (s *Storage) StoreStepID(ctx context.Context, step *nanostorage.StepEnqueui
 			}
 		}
 		res, err := tx.ExecContext(ctx, qCreateStep, step.WorkflowName, step.InstanceID,
-			nullString(step.Name), step.Context, nullTime(step.NotUntil), nullTime(step.Timeout))
+			nullString(step.Name), step.Context, nullTime(step.NotUntil), nullTime(step.Timeout), len(step.IDs))
 		if err != nil {
 			return fmt.Errorf("inserting step: %w", err)
 		}
