@@ -155,6 +155,9 @@ type OutboxRef struct {
 type OutboxEvent struct {
 	OutboxRef        // Attempts includes this one
 	Payload   []byte // the JSON body, exactly as delivered on every attempt
+	// Age is how long ago the event was written, or released by an
+	// operator, when it was claimed (-max-delivery-age).
+	Age time.Duration
 }
 
 // EventSink learns of events the storage wrote to the outbox, after the
@@ -176,4 +179,8 @@ type Gauges struct {
 	UncollectedSteps int
 	LastSweepAge     time.Duration
 	Swept            bool
+	// OutboxHeld counts the events held for an operator; DeliveryPaused
+	// is whether an operator paused delivery (docs/reference.md).
+	OutboxHeld     int
+	DeliveryPaused bool
 }
