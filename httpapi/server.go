@@ -25,6 +25,7 @@ import (
 
 // Store is what the HTTP API needs of the storage.
 type Store interface {
+	EventStore
 	StoreCommandResponseAndRetrieveCompletedStep(ctx context.Context, id string, sc *nanostorage.StepCommandResult) (*nanostorage.StepResult, error)
 	CancelSteps(ctx context.Context, id, workflowName string) error
 	StoreStepID(ctx context.Context, step *nanostorage.StepEnqueuingWithConfig, pushTime time.Time) (int64, error)
@@ -39,6 +40,9 @@ type Check struct {
 	// it fail: the api commits results without Redis, so a load balancer
 	// must not pull it for a Redis outage.
 	Informational bool
+	// Report, set instead of Probe, describes a state that never fails
+	// readiness ("delivery: paused since …").
+	Report func(ctx context.Context) string
 }
 
 // Config configures the handler.
@@ -137,6 +141,7 @@ func New(cfg Config) *Server {
 	s.handle("POST /v1/steps", "enqueue_step", s.auth(s.withBody(s.enqueueStep)))
 	s.handle("GET /v1/steps/{step_id}", "step_status", s.auth(s.stepStatus))
 	s.handle("DELETE /v1/enrollments/{id}/steps", "cancel_steps", s.auth(s.cancelSteps))
+	s.registerOperatorEvents()
 	s.handle("/v1/", "v1_other", s.auth(func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, http.StatusNotFound, "no such endpoint: "+r.Method+" "+oneLine(r.URL.Path))
 	}))
@@ -208,6 +213,10 @@ func ReadyHandler(checks []Check) http.HandlerFunc {
 		var b strings.Builder
 		ready := true
 		for _, c := range checks {
+			if c.Report != nil {
+				b.WriteString(c.Name + ": " + oneLine(c.Report(ctx)) + "\n")
+				continue
+			}
 			err := c.Probe(ctx)
 			switch {
 			case err == nil:
