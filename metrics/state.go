@@ -36,7 +36,7 @@ func NewStateCollector(read func(ctx context.Context) (storage.Gauges, error), t
 	}
 	return &StateCollector{read: read, ttl: ttl,
 		pending:     d("outbox_pending", "Events not yet acknowledged by the workflow engine, counted in the outbox at scrape time."),
-		oldest:      d("outbox_oldest_event_age_seconds", "Age of the oldest event not yet acknowledged (0 when none): grows when deliveries stall."),
+		oldest:      d("outbox_oldest_event_age_seconds", "Age of the oldest event not yet acknowledged and not held, since written or released (0 when none): grows when deliveries stall."),
 		uncollected: d("uncollected_steps", "Unreferenced steps still present, as the last sweep (by any replica) saw them."),
 		sweepAge:    d("last_sweep_age_seconds", "Time since the last sweep by any replica recorded its findings (absent before the first)."),
 		up:          d("state_up", "1 when the gauges above could be read from MySQL at the last scrape, 0 when not."),

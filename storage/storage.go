@@ -173,7 +173,7 @@ type EventSink interface {
 // the database so that whichever replica serves them, they are current.
 type Gauges struct {
 	OutboxPending  int           // events not yet acknowledged
-	OldestEventAge time.Duration // of the oldest of them; 0 when none
+	OldestEventAge time.Duration // of the oldest of them not held; 0 when none
 	// UncollectedSteps is what the last sweep found unreferenced, LastSweepAge
 	// how long ago it ran; Swept is false before the first sweep.
 	UncollectedSteps int

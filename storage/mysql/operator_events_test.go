@@ -71,8 +71,8 @@ func TestAHeldEventWaitsForItsReleaseAndThenStartsAfresh(t *testing.T) {
 	if e.State != storage.EventHeld || e.Attempts != 1 || e.LastError == nil || *e.LastError != "callback answered 400 Bad Request" || e.NextAttemptAt != nil {
 		t.Errorf("held event listed as %+v", e)
 	}
-	if g, err := b.store.Gauges(ctx); err != nil || g.OutboxHeld != 1 || g.OutboxPending != 1 {
-		t.Errorf("gauges %+v, %v; want 1 held of 1 pending", g, err)
+	if g, err := b.store.Gauges(ctx); err != nil || g.OutboxHeld != 1 || g.OutboxPending != 1 || g.OldestEventAge != 0 {
+		t.Errorf("gauges %+v, %v; want 1 held of 1 pending, and no age of an event waiting for delivery", g, err)
 	}
 
 	done, err := b.store.ReleaseOrDeliverEvent(ctx, ev.EventID)
@@ -87,8 +87,8 @@ func TestAHeldEventWaitsForItsReleaseAndThenStartsAfresh(t *testing.T) {
 	if again.ID != ev.ID || again.Attempts != 1 {
 		t.Errorf("released event claimed as %+v, want its first attempt afresh", again)
 	}
-	if g, _ := b.store.Gauges(ctx); g.OutboxHeld != 0 {
-		t.Errorf("%d held after the release", g.OutboxHeld)
+	if g, _ := b.store.Gauges(ctx); g.OutboxHeld != 0 || g.OldestEventAge <= 0 || g.OldestEventAge > time.Minute {
+		t.Errorf("gauges after the release %+v: want none held, the released event's age counted from its release", g)
 	}
 }
 

@@ -274,12 +274,14 @@ UPDATE stepcollect_outbox SET last_error = ?, lease_until = ?, retry_at = ? WHER
 	qCountOutbox = `SELECT COUNT(*) FROM stepcollect_outbox`
 
 	// What every replica exports at scrape time: the outbox (its count,
-	// and the age of its oldest event by the server's clock, through the
-	// created_at index), the last sweep's findings, the held events
-	// (through outbox_held_at) and whether delivery is paused.
+	// and the age by the server's clock of its oldest event not held,
+	// since written or released: the first held_at IS NULL entry of
+	// outbox_held_at), the last sweep's findings, the held events and
+	// whether delivery is paused. Held events have an alert of their own.
 	qGauges = `
 SELECT (SELECT COUNT(*) FROM stepcollect_outbox),
-  (SELECT TIMESTAMPDIFF(MICROSECOND, MIN(created_at), CURRENT_TIMESTAMP(6)) FROM stepcollect_outbox),
+  (SELECT TIMESTAMPDIFF(MICROSECOND, COALESCE(released_at, created_at), CURRENT_TIMESTAMP(6))
+   FROM stepcollect_outbox FORCE INDEX (outbox_held_at) WHERE held_at IS NULL ORDER BY id LIMIT 1),
   (SELECT value FROM stepcollect_state WHERE name = 'uncollected_steps'),
   (SELECT TIMESTAMPDIFF(MICROSECOND, updated_at, CURRENT_TIMESTAMP(6)) FROM stepcollect_state WHERE name = 'uncollected_steps'),
   (SELECT COUNT(*) FROM stepcollect_outbox WHERE held_at IS NOT NULL),
