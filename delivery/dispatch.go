@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/stepcollect/stepcollect/logkeys"
@@ -65,9 +66,10 @@ type DispatchConfig struct {
 // number of workers may run it, nothing depends on Redis, and an event
 // whose worker died is delivered by another once its lease lapses.
 type Dispatcher struct {
-	cfg   DispatchConfig
-	d     *Deliverer
-	store DispatchStore
+	cfg    DispatchConfig
+	d      *Deliverer
+	store  DispatchStore
+	paused atomic.Bool // as the last claim of any loop found it: logs once per change
 }
 
 // NewDispatcher returns a Dispatcher posting through d.
@@ -122,17 +124,16 @@ func (p *Dispatcher) Run(ctx context.Context) {
 }
 
 func (p *Dispatcher) loop(ctx, work context.Context) {
-	failing, paused := false, false
+	failing := false
 	for ctx.Err() == nil {
 		evs, err := p.store.ClaimDueEvents(ctx, p.cfg.Batch, p.cfg.Lease)
 		if errors.Is(err, storage.ErrDeliveryPaused) {
-			if !paused {
+			if p.paused.CompareAndSwap(false, true) {
 				p.d.logger.Info().Msg("delivery paused by an operator; waiting for POST /v1/delivery/resume")
 			}
-			paused, err = true, nil
-		} else if err == nil && paused {
+			err = nil
+		} else if err == nil && p.paused.CompareAndSwap(true, false) {
 			p.d.logger.Info().Msg("delivery resumed")
-			paused = false
 		}
 		if err != nil && ctx.Err() == nil {
 			if !failing { // once per outage, not once per poll

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -284,4 +285,42 @@ func TestTheClaimDoesNotReadHeldEvents(t *testing.T) {
 		t.Errorf("the claim read %d rows with %d held events before the 5 due ones; want a handful", read, held)
 	}
 	t.Logf("rows read by the claim with %d held events: %d", held, read)
+}
+
+// The claim reads the pause with a shared lock of the state row: a claim
+// that starts while a pause is being committed waits for it and claims
+// nothing, and (the same lock seen from the other side) a pause waits for
+// the claims that read "running" to commit. Once a pause has answered, no
+// claim that saw delivery running is still open.
+func TestAClaimWaitsForAPauseBeingCommittedAndHonoursIt(t *testing.T) {
+	b := setup(t, &setupOpts{extra: []mysql.Option{mysql.WithOutbox()}})
+	ctx := t.Context()
+	b.written(t, "race", 3)
+	pause, err := b.db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pause.Rollback()
+	if _, err := pause.ExecContext(ctx, `UPDATE stepcollect_delivery SET paused = 1, since = CURRENT_TIMESTAMP(6) WHERE id = 1`); err != nil {
+		t.Fatal(err)
+	}
+	var answered atomic.Bool
+	done := make(chan error, 1)
+	go func() {
+		evs, err := b.store.ClaimDueEvents(context.Background(), 10, time.Minute)
+		answered.Store(true)
+		if err == nil {
+			err = fmt.Errorf("claimed %d events", len(evs))
+		}
+		done <- err
+	}()
+	if _, early := testkit.Watch(time.Now().Add(500*time.Millisecond), answered.Load); early {
+		t.Fatalf("the claim went ahead of a pause being committed: %v", <-done)
+	}
+	if err := pause.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; !errors.Is(err, storage.ErrDeliveryPaused) {
+		t.Fatalf("the claim after the pause committed: %v, want it paused", err)
+	}
 }
