@@ -24,6 +24,7 @@ type service struct {
 	db     *testkit.DB
 	redis  *testkit.Redis
 	client *testkit.Client
+	worker string // the worker's -metrics-listen address
 }
 
 func startService(t *testing.T, callbackURL string, mod func(*app.WorkerConfig)) *service {
@@ -54,6 +55,7 @@ func startService(t *testing.T, callbackURL string, mod func(*app.WorkerConfig))
 		t.Fatal(err)
 	}
 	s.client = testkit.NewClient("http://"+a.Addr(), "k")
+	s.worker = w.MetricsAddr()
 	wg.Add(2)
 	go func() { defer wg.Done(); w.Run(ctx) }()
 	go func() { defer wg.Done(); a.Run(ctx) }()

@@ -42,6 +42,10 @@ type WorkerConfig struct {
 	ShutdownTimeout time.Duration
 	// MySQLMaxConns bounds the pool (default 64).
 	MySQLMaxConns int
+	// MaxDeliveryAttempts and MaxDeliveryAge hold an event that failed
+	// that often, or is that old, for an operator; 0: no limit.
+	MaxDeliveryAttempts int
+	MaxDeliveryAge      time.Duration
 }
 
 // ParseWorkerConfig reads the worker's flags, with environment fallbacks.
@@ -55,11 +59,18 @@ func ParseWorkerConfig(args []string, getenv func(string) string) (WorkerConfig,
 	schedule := s.Duration("schedule-interval", "STEPCOLLECT_SCHEDULE_INTERVAL", 10*time.Second, "how often step timeouts and not_until are acted on, across all replicas; 0 disables")
 	callback := s.URL("callback-url", "STEPCOLLECT_CALLBACK_URL", "", "where events are POSTed; none: events wait in the outbox")
 	callbackKey := s.Secret("callback-hmac-key", "STEPCOLLECT_CALLBACK_HMAC_KEY", "signs each callback body (X-Stepcollect-Signature)")
+	maxAttempts := s.Int("max-delivery-attempts", "STEPCOLLECT_MAX_DELIVERY_ATTEMPTS", delivery.DefaultMaxDeliveryAttempts,
+		"failed tries after which an event is held until an operator releases it (tries come 5-10s apart at the backoff cap: the default is 3-5 hours); 0: never")
+	maxAge := s.Duration("max-delivery-age", "STEPCOLLECT_MAX_DELIVERY_AGE", delivery.DefaultMaxDeliveryAge,
+		"age (since written or released) after which an event whose try fails is held until an operator releases it; 0: never")
 	s.Check(config.ListenAddr("metrics-listen", listen))
 	s.Check(config.HTTPURL("callback-url", callback))
 	s.Check(func() error {
 		if *conc < 1 {
 			return fmt.Errorf("-concurrency: %d is less than 1", *conc)
+		}
+		if *maxAttempts < 0 {
+			return fmt.Errorf("-max-delivery-attempts: %d is negative (0 holds no event for its attempts)", *maxAttempts)
 		}
 		return nil
 	})
@@ -70,7 +81,7 @@ func ParseWorkerConfig(args []string, getenv func(string) string) (WorkerConfig,
 		MySQLDSN: *common.dsn, RedisURL: *common.redis, Migrate: *common.migrate, MetricsListen: *listen,
 		Concurrency: *conc, SweepInterval: *sweep, ScheduleInterval: *schedule, CallbackURL: *callback,
 		CallbackHMACKey: *callbackKey, LogLevel: *common.level, LogFormat: *common.format, MySQLMaxConns: *common.maxConns,
-		ShutdownTimeout: 8 * time.Second,
+		ShutdownTimeout: 8 * time.Second, MaxDeliveryAttempts: *maxAttempts, MaxDeliveryAge: *maxAge,
 	}, s, nil
 }
 
@@ -118,7 +129,8 @@ func NewWorker(ctx context.Context, cfg WorkerConfig, logger zerolog.Logger) (*W
 
 	deliverer := delivery.New(delivery.Config{URL: cfg.CallbackURL, HMACKey: []byte(cfg.CallbackHMACKey)},
 		store, m.Delivery, logger.With().Str("component", "delivery").Logger())
-	w.dispatcher = delivery.NewDispatcher(delivery.DispatchConfig{Drain: cfg.ShutdownTimeout}, deliverer, store)
+	w.dispatcher = delivery.NewDispatcher(delivery.DispatchConfig{Drain: cfg.ShutdownTimeout,
+		MaxAttempts: cfg.MaxDeliveryAttempts, MaxAge: cfg.MaxDeliveryAge}, deliverer, store)
 	// Per-event deliver tasks are no longer enqueued; this drains any that
 	// an older api or worker left on the queue.
 	deliverMux := asynq.NewServeMux()
@@ -136,7 +148,7 @@ func NewWorker(ctx context.Context, cfg WorkerConfig, logger zerolog.Logger) (*W
 	hm.Handle("GET /metrics", promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{Registry: m.Registry}))
 	hm.HandleFunc("GET /version", httpapi.VersionHandler)
 	hm.HandleFunc("GET /healthz", func(rw http.ResponseWriter, _ *http.Request) { rw.WriteHeader(http.StatusOK) })
-	hm.HandleFunc("GET /readyz", httpapi.ReadyHandler(readyChecks(db, enq, true, d.secrets)))
+	hm.HandleFunc("GET /readyz", httpapi.ReadyHandler(append(readyChecks(db, enq, true, d.secrets), deliveryReport(store, d.secrets))))
 	w.http = &http.Server{Handler: hm, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
 		WriteTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute}
 	return w, nil
@@ -173,7 +185,8 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	w.logger.Info().Str("metrics", "http://"+w.MetricsAddr()+"/metrics").Int("concurrency", w.cfg.Concurrency).
 		Dur("sweep_interval", w.cfg.SweepInterval).Dur("schedule_interval", w.cfg.ScheduleInterval).
-		Str("callback_url", callback).Msg("worker started")
+		Str("callback_url", callback).Int("max_delivery_attempts", w.cfg.MaxDeliveryAttempts).
+		Str("max_delivery_age", w.cfg.MaxDeliveryAge.String()).Msg("worker started")
 
 	var err error
 	select {
@@ -240,6 +253,24 @@ func (w *Worker) sweepOnQueueLoss(ctx context.Context) {
 			sweep(reason + " (again)")
 		}
 	})
+}
+
+// deliveryReport puts whether an operator paused delivery in /readyz's
+// body. A paused worker is still ready: it does its other work, and
+// pulling it would not resume anything.
+func deliveryReport(store *stepmysql.Storage, secrets []string) httpapi.Check {
+	return httpapi.Check{Name: "delivery", Report: func(ctx context.Context) string {
+		st, err := store.DeliveryState(ctx)
+		switch {
+		case err != nil:
+			return "unknown: " + config.RedactError(err, secrets...).Error()
+		case st.Paused && st.Since != nil:
+			return "paused since " + st.Since.Format(time.RFC3339) + " (POST /v1/delivery/resume on the api)"
+		case st.Paused:
+			return "paused (POST /v1/delivery/resume on the api)"
+		}
+		return "running"
+	}}
 }
 
 // asynqConfig is an asynq server's configuration for queues.

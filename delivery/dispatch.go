@@ -2,8 +2,10 @@ package delivery
 
 import (
 	"context"
+	"errors"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/stepcollect/stepcollect/logkeys"
@@ -16,9 +18,21 @@ type DispatchStore interface {
 	RenewLeases(ctx context.Context, ids []int64, lease time.Duration) error
 	AckEvents(ctx context.Context, ids []int64) error
 	FailEvent(ctx context.Context, id int64, reason string, retryAt time.Time) error
+	HoldEvent(ctx context.Context, id int64, reason string) error
 }
 
-// DispatchConfig configures a Dispatcher. The zero value is the default.
+// Defaults of the worker's -max-delivery-attempts and -max-delivery-age.
+// At the 10 s backoff cap, with jitter, tries come 5 to 10 s apart, so 2000
+// attempts last at least 2.7 hours (4 on average): a receiver that is down
+// for an hour or two holds nothing, a receiver that refuses one event for
+// ever has it set aside by the afternoon (docs/reference.md).
+const (
+	DefaultMaxDeliveryAttempts = 2000
+	DefaultMaxDeliveryAge      = 72 * time.Hour
+)
+
+// DispatchConfig configures a Dispatcher. The zero value is the default,
+// but for MaxAttempts and MaxAge, where zero holds nothing.
 type DispatchConfig struct {
 	// Loops is how many claim-deliver-ack loops run at once, so that one
 	// slow batch never holds up the rest. Default 4.
@@ -38,6 +52,11 @@ type DispatchConfig struct {
 	// Drain is how long POSTs in flight get to finish once Run's context
 	// ends; after that they are abandoned and their leases lapse. Default 8s.
 	Drain time.Duration
+	// MaxAttempts and MaxAge hold an event whose try fails once it has
+	// been tried that often, or is that old (since written or released):
+	// it is not tried again until an operator releases it. 0: no limit.
+	MaxAttempts int
+	MaxAge      time.Duration
 }
 
 // Dispatcher delivers the outbox by polling it: each loop claims a batch of
@@ -47,9 +66,10 @@ type DispatchConfig struct {
 // number of workers may run it, nothing depends on Redis, and an event
 // whose worker died is delivered by another once its lease lapses.
 type Dispatcher struct {
-	cfg   DispatchConfig
-	d     *Deliverer
-	store DispatchStore
+	cfg    DispatchConfig
+	d      *Deliverer
+	store  DispatchStore
+	paused atomic.Bool // as the last claim of any loop found it: logs once per change
 }
 
 // NewDispatcher returns a Dispatcher posting through d.
@@ -107,6 +127,14 @@ func (p *Dispatcher) loop(ctx, work context.Context) {
 	failing := false
 	for ctx.Err() == nil {
 		evs, err := p.store.ClaimDueEvents(ctx, p.cfg.Batch, p.cfg.Lease)
+		if errors.Is(err, storage.ErrDeliveryPaused) {
+			if p.paused.CompareAndSwap(false, true) {
+				p.d.logger.Info().Msg("delivery paused by an operator; waiting for POST /v1/delivery/resume")
+			}
+			err = nil
+		} else if err == nil && p.paused.CompareAndSwap(true, false) {
+			p.d.logger.Info().Msg("delivery resumed")
+		}
 		if err != nil && ctx.Err() == nil {
 			if !failing { // once per outage, not once per poll
 				p.d.logger.Warn().Err(err).Msg("claiming events to deliver; retrying")
@@ -198,6 +226,16 @@ func (p *Dispatcher) deliverBatch(ctx context.Context, evs []*storage.OutboxEven
 				mu.Unlock()
 				return
 			}
+			if p.holds(ev) {
+				if herr := p.store.HoldEvent(ctx, ev.ID, err.Error()); herr != nil {
+					p.d.logger.Warn().Err(herr).Int64(logkeys.OutboxID, ev.ID).Msg("holding a failed event; its lease lapses and it is tried again")
+					return
+				}
+				p.d.logger.Warn().Err(err).Int64(logkeys.OutboxID, ev.ID).Str(logkeys.EventID, ev.EventID).Str(logkeys.EventType, ev.Type).
+					Int(logkeys.Attempt, ev.Attempts).
+					Msg("delivery failed; event held until released (GET /v1/events?state=held, POST /v1/events/{event_id}/deliver)")
+				return
+			}
 			retryAt := time.Now().Add(p.backoff(ev.Attempts))
 			if ferr := p.store.FailEvent(ctx, ev.ID, err.Error(), retryAt); ferr != nil {
 				p.d.logger.Warn().Err(ferr).Int64(logkeys.OutboxID, ev.ID).Msg("recording the failed delivery; its lease lapses instead")
@@ -254,6 +292,13 @@ func (p *Dispatcher) ack(ctx context.Context, ids []int64) {
 		return
 	}
 	p.d.logger.Debug().Int(logkeys.Count, len(ids)).Msg("events delivered")
+}
+
+// holds says whether ev, whose try just failed, has used up its attempts
+// or its age.
+func (p *Dispatcher) holds(ev *storage.OutboxEvent) bool {
+	return (p.cfg.MaxAttempts > 0 && ev.Attempts >= p.cfg.MaxAttempts) ||
+		(p.cfg.MaxAge > 0 && ev.Age >= p.cfg.MaxAge)
 }
 
 // backoff is the wait before try attempts+1: 1, 2, 4 … seconds with

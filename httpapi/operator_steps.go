@@ -164,13 +164,18 @@ func stepIDParam(w http.ResponseWriter, r *http.Request) (int64, bool) {
 	return id, true
 }
 
+// pageLimit reads an operator listing's limit: DefaultPageLimit without
+// one, at most MaxPageLimit.
 func pageLimit(v string) (int, error) {
 	if v == "" {
 		return DefaultPageLimit, nil
 	}
 	n, err := strconv.Atoi(v)
-	if err != nil || n < 1 || n > MaxPageLimit {
+	switch {
+	case err != nil || n < 1:
 		return 0, invalid(fmt.Sprintf("limit: %q is not a whole number from 1 to %d", oneLine(v), MaxPageLimit))
+	case n > MaxPageLimit:
+		return 0, invalid(fmt.Sprintf("limit: %d is over %d, the most one page holds (follow next for more)", n, MaxPageLimit))
 	}
 	return n, nil
 }

@@ -28,6 +28,7 @@ import (
 // Store is what the HTTP API needs of the storage.
 type Store interface {
 	StepOperator
+	EventStore
 	StoreCommandResponseAndRetrieveCompletedStep(ctx context.Context, id string, sc *nanostorage.StepCommandResult) (*nanostorage.StepResult, error)
 	CancelSteps(ctx context.Context, id, workflowName string) error
 	StoreStepID(ctx context.Context, step *nanostorage.StepEnqueuingWithConfig, pushTime time.Time) (int64, error)
@@ -42,6 +43,9 @@ type Check struct {
 	// it fail: the api commits results without Redis, so a load balancer
 	// must not pull it for a Redis outage.
 	Informational bool
+	// Report, set instead of Probe, describes a state that never fails
+	// readiness ("delivery: paused since …").
+	Report func(ctx context.Context) string
 }
 
 // Config configures the handler.
@@ -153,6 +157,7 @@ func New(cfg Config) *Server {
 	s.handle("DELETE /v1/steps/{step_id}", "cancel_step", s.auth(s.cancelStep))
 	s.handle("DELETE /v1/steps", "cancel_workflow_instance", s.auth(s.cancelWorkflowInstance))
 	s.handle("GET /version", "version", VersionHandler)
+	s.registerOperatorEvents()
 	s.handle("/v1/", "v1_other", s.auth(func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, http.StatusNotFound, "no such endpoint: "+r.Method+" "+oneLine(r.URL.Path))
 	}))
@@ -224,6 +229,10 @@ func ReadyHandler(checks []Check) http.HandlerFunc {
 		var b strings.Builder
 		ready := true
 		for _, c := range checks {
+			if c.Report != nil {
+				b.WriteString(c.Name + ": " + oneLine(c.Report(ctx)) + "\n")
+				continue
+			}
 			err := c.Probe(ctx)
 			switch {
 			case err == nil:

@@ -12,7 +12,8 @@ import (
 
 // StateCollector exports, at scrape time, the figures that must be the same
 // whichever replica serves them: the outbox (how many events wait, how old
-// the oldest is) and the last sweep's findings, all read from MySQL. A
+// the oldest is, how many are held), whether delivery is paused, and the
+// last sweep's findings, all read from MySQL. A
 // gauge set in one process's memory would be right only in the replica that
 // set it. Reads are cached for a few seconds so that many scrapers cost one
 // query.
@@ -20,7 +21,7 @@ type StateCollector struct {
 	read func(ctx context.Context) (storage.Gauges, error)
 	ttl  time.Duration
 
-	pending, oldest, uncollected, sweepAge, up *prometheus.Desc
+	pending, oldest, uncollected, sweepAge, up, held, paused *prometheus.Desc
 
 	mu   sync.Mutex
 	at   time.Time
@@ -35,16 +36,18 @@ func NewStateCollector(read func(ctx context.Context) (storage.Gauges, error), t
 	}
 	return &StateCollector{read: read, ttl: ttl,
 		pending:     d("outbox_pending", "Events not yet acknowledged by the workflow engine, counted in the outbox at scrape time."),
-		oldest:      d("outbox_oldest_event_age_seconds", "Age of the oldest event not yet acknowledged (0 when none): grows when deliveries stall."),
+		oldest:      d("outbox_oldest_event_age_seconds", "Age of the oldest event not yet acknowledged and not held, since written or released (0 when none): grows when deliveries stall."),
 		uncollected: d("uncollected_steps", "Unreferenced steps still present, as the last sweep (by any replica) saw them."),
 		sweepAge:    d("last_sweep_age_seconds", "Time since the last sweep by any replica recorded its findings (absent before the first)."),
 		up:          d("state_up", "1 when the gauges above could be read from MySQL at the last scrape, 0 when not."),
+		held:        d("outbox_held", "Events held after -max-delivery-attempts or -max-delivery-age, not tried again until an operator releases them (POST /v1/events/{event_id}/deliver)."),
+		paused:      d("delivery_paused", "1 while an operator has paused delivery for every worker (POST /v1/delivery/pause), else 0."),
 	}
 }
 
 // Describe implements prometheus.Collector.
 func (c *StateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.pending, c.oldest, c.uncollected, c.sweepAge, c.up} {
+	for _, d := range []*prometheus.Desc{c.pending, c.oldest, c.uncollected, c.sweepAge, c.up, c.held, c.paused} {
 		ch <- d
 	}
 }
@@ -60,6 +63,12 @@ func (c *StateCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.pending, prometheus.GaugeValue, float64(g.OutboxPending))
 	ch <- prometheus.MustNewConstMetric(c.oldest, prometheus.GaugeValue, g.OldestEventAge.Seconds())
 	ch <- prometheus.MustNewConstMetric(c.uncollected, prometheus.GaugeValue, float64(g.UncollectedSteps))
+	ch <- prometheus.MustNewConstMetric(c.held, prometheus.GaugeValue, float64(g.OutboxHeld))
+	paused := 0.0
+	if g.DeliveryPaused {
+		paused = 1
+	}
+	ch <- prometheus.MustNewConstMetric(c.paused, prometheus.GaugeValue, paused)
 	if g.Swept {
 		ch <- prometheus.MustNewConstMetric(c.sweepAge, prometheus.GaugeValue, g.LastSweepAge.Seconds())
 	}

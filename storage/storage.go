@@ -155,6 +155,9 @@ type OutboxRef struct {
 type OutboxEvent struct {
 	OutboxRef        // Attempts includes this one
 	Payload   []byte // the JSON body, exactly as delivered on every attempt
+	// Age is how long ago the event was written, or released by an
+	// operator, when it was claimed (-max-delivery-age).
+	Age time.Duration
 }
 
 // EventSink learns of events the storage wrote to the outbox, after the
@@ -170,10 +173,14 @@ type EventSink interface {
 // the database so that whichever replica serves them, they are current.
 type Gauges struct {
 	OutboxPending  int           // events not yet acknowledged
-	OldestEventAge time.Duration // of the oldest of them; 0 when none
+	OldestEventAge time.Duration // of the oldest of them not held; 0 when none
 	// UncollectedSteps is what the last sweep found unreferenced, LastSweepAge
 	// how long ago it ran; Swept is false before the first sweep.
 	UncollectedSteps int
 	LastSweepAge     time.Duration
 	Swept            bool
+	// OutboxHeld counts the events held for an operator; DeliveryPaused
+	// is whether an operator paused delivery (docs/reference.md).
+	OutboxHeld     int
+	DeliveryPaused bool
 }

@@ -47,8 +47,14 @@ func (s *Storage) eventsWritten(ctx context.Context, refs []storage.OutboxRef) {
 
 // ClaimEvent claims outbox row id for delivery until now+lease and returns
 // it. An event already delivered, or held by another delivery, is an error
-// wrapping storage.ErrEventNotClaimable.
+// wrapping storage.ErrEventNotClaimable, and so is any event while delivery
+// is paused or while it is held.
 func (s *Storage) ClaimEvent(ctx context.Context, id int64, lease time.Duration) (*storage.OutboxEvent, error) {
+	if st, err := s.DeliveryState(ctx); err != nil {
+		return nil, fmt.Errorf("claiming event %d: %w", id, err)
+	} else if st.Paused {
+		return nil, fmt.Errorf("event %d: delivery paused: %w", id, storage.ErrEventNotClaimable)
+	}
 	now := time.Now()
 	res, err := s.db.ExecContext(ctx, qClaimEvent, dbTime(now.Add(lease)), id, dbTime(now))
 	if err != nil {
@@ -71,16 +77,28 @@ func (s *Storage) ClaimEvent(ctx context.Context, id int64, lease time.Duration)
 
 // ClaimDueEvents claims up to limit events that nobody is delivering, for
 // lease, in one short transaction, and returns them oldest first. Events
-// another worker holds are skipped, never waited for.
+// another worker holds are skipped, never waited for; held events are
+// never claimed. While delivery is paused it claims nothing and returns
+// storage.ErrDeliveryPaused.
 func (s *Storage) ClaimDueEvents(ctx context.Context, limit int, lease time.Duration) ([]*storage.OutboxEvent, error) {
 	var out []*storage.OutboxEvent
 	err := s.inTx(ctx, storage.OpClaimEvents, func(ctx context.Context, tx *sql.Tx, _ *attempt) error {
+		out = nil
+		var paused sql.NullBool
+		if err := tx.QueryRowContext(ctx, qClaimsDelivery).Scan(&paused); err != nil && !errors.Is(err, sql.ErrNoRows) {
+			return err
+		}
+		if paused.Bool {
+			return storage.ErrDeliveryPaused
+		}
 		now := time.Now()
 		var err error
 		out, err = queryList(ctx, tx, qClaimDueEvents, []any{dbTime(now), limit}, func(rs *sql.Rows) (*storage.OutboxEvent, error) {
 			ev := &storage.OutboxEvent{}
-			err := rs.Scan(&ev.ID, &ev.EventID, &ev.Type, &ev.Payload, &ev.Attempts)
+			var age int64
+			err := rs.Scan(&ev.ID, &ev.EventID, &ev.Type, &ev.Payload, &ev.Attempts, &age)
 			ev.Attempts++ // this one
+			ev.Age = time.Duration(age) * time.Microsecond
 			return ev, err
 		})
 		if err != nil || len(out) == 0 {
@@ -93,7 +111,9 @@ func (s *Storage) ClaimDueEvents(ctx context.Context, limit int, lease time.Dura
 		_, err = tx.ExecContext(ctx, expand(qLeaseEvents, len(ids)), args(ids, dbTime(now.Add(lease)))...)
 		return err
 	})
-	if err != nil {
+	if errors.Is(err, storage.ErrDeliveryPaused) {
+		return nil, err
+	} else if err != nil {
 		return nil, fmt.Errorf("claiming events to deliver: %w", err)
 	}
 	return out, nil
@@ -146,7 +166,7 @@ func (s *Storage) FailEvent(ctx context.Context, id int64, reason string, retryA
 	if len(reason) > 1000 {
 		reason = reason[:1000]
 	}
-	if _, err := s.db.ExecContext(ctx, qFailEvent, reason, retryAt, id); err != nil {
+	if _, err := s.db.ExecContext(ctx, qFailEvent, reason, dbTime(retryAt), dbTime(retryAt), id); err != nil {
 		return fmt.Errorf("recording failed delivery of event %d: %w", id, err)
 	}
 	return nil
@@ -167,13 +187,15 @@ func (s *Storage) Gauges(ctx context.Context) (storage.Gauges, error) {
 	var g storage.Gauges
 	var oldest, swept sql.NullInt64
 	var uncollected sql.NullFloat64
-	if err := s.db.QueryRowContext(ctx, qGauges).Scan(&g.OutboxPending, &oldest, &uncollected, &swept); err != nil {
+	var paused sql.NullBool
+	if err := s.db.QueryRowContext(ctx, qGauges).Scan(&g.OutboxPending, &oldest, &uncollected, &swept, &g.OutboxHeld, &paused); err != nil {
 		return g, fmt.Errorf("reading gauges: %w", err)
 	}
 	g.OldestEventAge = time.Duration(oldest.Int64) * time.Microsecond
 	g.UncollectedSteps = int(uncollected.Float64)
 	g.Swept = swept.Valid
 	g.LastSweepAge = time.Duration(swept.Int64) * time.Microsecond
+	g.DeliveryPaused = paused.Bool
 	return g, nil
 }
 

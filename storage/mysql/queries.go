@@ -235,23 +235,28 @@ VALUES (?, ?, ?, ?, ?)`
 SELECT workflow_name, instance_id FROM steps WHERE id = ?`
 
 	// Delivery: claim one event by key for a lease. Nobody else delivers it
-	// until the lease runs out.
+	// until the lease runs out; a held event waits for its release.
 	qClaimEvent = `
-UPDATE stepcollect_outbox SET attempts = attempts + 1, lease_until = ?
-WHERE id = ? AND (lease_until IS NULL OR lease_until <= ?)`
+UPDATE stepcollect_outbox SET attempts = attempts + 1, lease_until = ?, retry_at = NULL
+WHERE id = ? AND held_at IS NULL AND (lease_until IS NULL OR lease_until <= ?)`
 
 	// Delivery, batched: the events nobody is delivering (never claimed,
 	// or whose lease lapsed: a failed try's backoff ended, or the worker
 	// that held it died), locked so that any number of workers can claim
 	// at once and none waits on another. The outbox in MySQL, not the
-	// queue, decides who delivers.
+	// queue, decides who delivers. Read through outbox_held_at: its
+	// held_at IS NULL entries are in id order, so held events are never
+	// scanned and no sort is needed. The age is the event's since it was
+	// written or released, by the server's clock (-max-delivery-age).
 	qClaimDueEvents = `
-SELECT id, event_id, event_type, payload, attempts FROM stepcollect_outbox
-WHERE lease_until IS NULL OR lease_until <= ?
+SELECT id, event_id, event_type, payload, attempts,
+  TIMESTAMPDIFF(MICROSECOND, COALESCE(released_at, created_at), CURRENT_TIMESTAMP(6))
+FROM stepcollect_outbox FORCE INDEX (outbox_held_at)
+WHERE held_at IS NULL AND (lease_until IS NULL OR lease_until <= ?)
 ORDER BY id LIMIT ? FOR UPDATE SKIP LOCKED`
 
 	qLeaseEvents = `
-UPDATE stepcollect_outbox SET attempts = attempts + 1, lease_until = ? WHERE id IN (?)`
+UPDATE stepcollect_outbox SET attempts = attempts + 1, lease_until = ?, retry_at = NULL WHERE id IN (?)`
 
 	// A delivery still running keeps its lease.
 	qRenewLeases = `
@@ -264,19 +269,25 @@ SELECT event_id, event_type, payload, attempts FROM stepcollect_outbox WHERE id 
 
 	qAckEvent = `DELETE FROM stepcollect_outbox WHERE id = ?`
 
+	// retry_at marks the lease as a backoff, not a delivery in flight.
 	qFailEvent = `
-UPDATE stepcollect_outbox SET last_error = ?, lease_until = ? WHERE id = ?`
+UPDATE stepcollect_outbox SET last_error = ?, lease_until = ?, retry_at = ? WHERE id = ?`
 
 	qCountOutbox = `SELECT COUNT(*) FROM stepcollect_outbox`
 
 	// What every replica exports at scrape time: the outbox (its count,
-	// and the age of its oldest event by the server's clock, through the
-	// created_at index) and the last sweep's findings.
+	// and the age by the server's clock of its oldest event not held,
+	// since written or released: the first held_at IS NULL entry of
+	// outbox_held_at), the last sweep's findings, the held events and
+	// whether delivery is paused. Held events have an alert of their own.
 	qGauges = `
 SELECT (SELECT COUNT(*) FROM stepcollect_outbox),
-  (SELECT TIMESTAMPDIFF(MICROSECOND, MIN(created_at), CURRENT_TIMESTAMP(6)) FROM stepcollect_outbox),
+  (SELECT TIMESTAMPDIFF(MICROSECOND, COALESCE(released_at, created_at), CURRENT_TIMESTAMP(6))
+   FROM stepcollect_outbox FORCE INDEX (outbox_held_at) WHERE held_at IS NULL ORDER BY id LIMIT 1),
   (SELECT value FROM stepcollect_state WHERE name = 'uncollected_steps'),
-  (SELECT TIMESTAMPDIFF(MICROSECOND, updated_at, CURRENT_TIMESTAMP(6)) FROM stepcollect_state WHERE name = 'uncollected_steps')`
+  (SELECT TIMESTAMPDIFF(MICROSECOND, updated_at, CURRENT_TIMESTAMP(6)) FROM stepcollect_state WHERE name = 'uncollected_steps'),
+  (SELECT COUNT(*) FROM stepcollect_outbox WHERE held_at IS NOT NULL),
+  (SELECT paused FROM stepcollect_delivery WHERE id = 1)`
 
 	// Upsert through a derived table (see qRecordWorkflowStarted).
 	qRecordState = `
@@ -355,4 +366,49 @@ SELECT event_name, event_type, workflow_name, context, event_context
 FROM wf_events WHERE event_type = ? ORDER BY event_name`
 
 	qDeleteEvent = `DELETE FROM wf_events WHERE event_name = ?`
+
+	// Operators' control of delivery (operator_events.go). An event that
+	// used up its attempts or its age is held: taken out of the claim's
+	// reach (held_at) with its last error, until released by hand.
+	qHoldEvent = `
+UPDATE stepcollect_outbox SET last_error = ?, held_at = CURRENT_TIMESTAMP(6), lease_until = NULL, retry_at = NULL
+WHERE id = ?`
+
+	// A release starts the event afresh: its count, its age and its state
+	// (pending), due now.
+	qReleaseEvent = `
+UPDATE stepcollect_outbox
+SET held_at = NULL, released_at = CURRENT_TIMESTAMP(6), attempts = 0, last_error = NULL, lease_until = NULL, retry_at = NULL
+WHERE event_id = ? AND held_at IS NOT NULL`
+
+	// "Deliver now" ends a backoff; a delivery in flight (no retry_at) is
+	// left alone, or the event would be posted twice at once.
+	qDeliverEventNow = `
+UPDATE stepcollect_outbox SET lease_until = NULL, retry_at = NULL
+WHERE event_id = ? AND held_at IS NULL AND retry_at IS NOT NULL`
+
+	qOutboxHasEvent = `SELECT 1 FROM stepcollect_outbox WHERE event_id = ?`
+
+	// GET /v1/events: one page after a cursor, oldest (lowest id) first.
+	// The unfiltered and held pages walk PRIMARY and outbox_held_at; the
+	// others outbox_held_at's NULL entries, which are in id order.
+	qListEventsColumns = `
+SELECT id, event_id, event_type, step_id, enrollment_id, created_at, attempts, last_error,
+  held_at IS NOT NULL, IF(held_at IS NULL, retry_at, NULL)
+FROM stepcollect_outbox `
+	qListEvents        = qListEventsColumns + `WHERE id > ? ORDER BY id LIMIT ?`
+	qListEventsPending = qListEventsColumns + `WHERE held_at IS NULL AND last_error IS NULL AND id > ? ORDER BY id LIMIT ?`
+	qListEventsFailing = qListEventsColumns + `WHERE held_at IS NULL AND last_error IS NOT NULL AND id > ? ORDER BY id LIMIT ?`
+	qListEventsHeld    = qListEventsColumns + `WHERE held_at IS NOT NULL AND id > ? ORDER BY id LIMIT ?`
+
+	// Delivery paused or running, one row for every worker. The claim
+	// reads it with a shared lock, so a pause waits for the claims that
+	// saw "running" to commit, and no claim starts running after it.
+	qGetDelivery    = `SELECT paused, since FROM stepcollect_delivery WHERE id = 1`
+	qClaimsDelivery = `SELECT paused FROM stepcollect_delivery WHERE id = 1 LOCK IN SHARE MODE`
+	// since moves only when the state changes (assigned before paused, so
+	// it compares with the old value under either assignment order).
+	qSetDelivery = `
+UPDATE stepcollect_delivery SET since = IF(paused = ?, since, CURRENT_TIMESTAMP(6)), paused = ? WHERE id = 1`
+	qEnsureDelivery = `INSERT IGNORE INTO stepcollect_delivery (id, paused, since) VALUES (1, 0, NULL)`
 )

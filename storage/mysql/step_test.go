@@ -205,9 +205,14 @@ func TestMigrateFromManyProcessesAtOnceAppliesOnce(t *testing.T) {
 	if err != nil || cur != latest || latest < 1 {
 		t.Fatalf("schema version %d of %d: %v", cur, latest, err)
 	}
+	// one row per migration file: version numbers may have gaps
+	files, err := filepath.Glob("migrations/*.sql")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("migration files: %v, %v", files, err)
+	}
 	applied := testkit.Count(t, db.DB, `SELECT COUNT(*) FROM `+mysql.MigrationsTable+` WHERE version_id > 0`)
-	if applied != int(latest) {
-		t.Errorf("%d migrations recorded, want %d (each once)", applied, latest)
+	if applied != len(files) {
+		t.Errorf("%d migrations recorded, want %d (each once)", applied, len(files))
 	}
 	// and again, later: nothing to do
 	if err := mysql.Migrate(t.Context(), db.DB); err != nil {

@@ -1,0 +1,140 @@
+package delivery_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stepcollect/stepcollect/delivery"
+	"github.com/stepcollect/stepcollect/events"
+	"github.com/stepcollect/stepcollect/internal/testkit"
+	"github.com/stepcollect/stepcollect/storage"
+	stepmysql "github.com/stepcollect/stepcollect/storage/mysql"
+)
+
+// poisonReceiver answers 400 to the event of enrollment poison while
+// refusing is set, as a receiver does to what it cannot parse, and hands
+// everything else to rcv.
+func poisonReceiver(t *testing.T, rcv *testkit.Receiver, poison string, refusing *atomic.Bool, posts *atomic.Int32) string {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		var ev events.Event
+		if json.Unmarshal(body, &ev) == nil && len(ev.Step.IDs) == 1 && ev.Step.IDs[0] == poison {
+			posts.Add(1)
+			if refusing.Load() {
+				http.Error(w, "cannot parse this event", http.StatusBadRequest)
+				return
+			}
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		rcv.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+func heldEvents(t *testing.T, store *stepmysql.Storage) []storage.OutboxEntry {
+	t.Helper()
+	page, err := store.ListEvents(t.Context(), storage.EventHeld, 0, 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return page.Events
+}
+
+// An event the receiver always refuses is held after MaxAttempts tries,
+// and then not tried again, while the events beside it are delivered;
+// released once the receiver accepts it, it is delivered once.
+func TestAPoisonEventIsHeldAfterItsAttemptsAndDeliveredOnceReleased(t *testing.T) {
+	db, store := outboxStore(t)
+	rcv := testkit.NewReceiver(t, testkit.ReceiverOptions{CompletionsOnly: true})
+	completions(t, store, "poison", 10)
+	var refusing atomic.Bool
+	var posts atomic.Int32
+	refusing.Store(true)
+	url := poisonReceiver(t, rcv, testkit.EnrollmentID("poison", 3), &refusing, &posts)
+	runDispatcher(t, delivery.DispatchConfig{MaxAttempts: 3, MaxBackoff: 100 * time.Millisecond}, url, store)
+
+	awaitDelivered(t, rcv, 9, "the 9 good events delivered")
+	testkit.WaitUntil(t, 15*time.Second, "the poison event held", func() (bool, any) {
+		h := heldEvents(t, store)
+		return len(h) == 1, h
+	})
+	held := heldEvents(t, store)[0]
+	if held.Attempts != 3 || held.LastError == nil || *held.LastError != "callback answered 400 Bad Request" || held.EnrollmentID == nil || *held.EnrollmentID != testkit.EnrollmentID("poison", 3) {
+		t.Errorf("held event %+v, want 3 attempts and the receiver's 400", held)
+	}
+	// not tried again while held: ten times its backoff cap, and more polls
+	if _, tried := testkit.Watch(time.Now().Add(time.Second), func() bool { return posts.Load() != 3 }); tried {
+		t.Fatalf("a held event was tried again: %d posts, want 3", posts.Load())
+	}
+
+	refusing.Store(false)
+	if done, err := store.ReleaseOrDeliverEvent(t.Context(), held.EventID); err != nil || done != stepmysql.EventReleased {
+		t.Fatalf("release: %q, %v", done, err)
+	}
+	awaitDelivered(t, rcv, 10, "the released event delivered")
+	awaitOutboxEmpty(t, db)
+	if n := rcv.Times(held.EventID); n != 1 || posts.Load() != 4 {
+		t.Errorf("released event accepted %d times in %d posts, want once in 4", n, posts.Load())
+	}
+	rcv.Check(t)
+}
+
+// An event older than MaxAge is held at its first failure, its attempts
+// unused.
+func TestAnEventOlderThanMaxAgeIsHeldAtItsNextFailure(t *testing.T) {
+	_, store := outboxStore(t)
+	rcv := testkit.NewReceiver(t, testkit.ReceiverOptions{CompletionsOnly: true})
+	rcv.Refuse(http.StatusServiceUnavailable)
+	completions(t, store, "old", 1)
+	runDispatcher(t, delivery.DispatchConfig{MaxAttempts: 1000, MaxAge: time.Millisecond}, rcv.URL, store)
+	testkit.WaitUntil(t, 15*time.Second, "the old event held", func() (bool, any) {
+		h := heldEvents(t, store)
+		return len(h) == 1, h
+	})
+	if h := heldEvents(t, store)[0]; h.Attempts != 1 {
+		t.Errorf("held after %d attempts, want at its first failure", h.Attempts)
+	}
+}
+
+// A pause stops two dispatchers: events written after it are not
+// delivered over a window of many polls, and a resume delivers them all,
+// each once.
+func TestAPauseStopsEveryDispatcherAndAResumeDeliversEverything(t *testing.T) {
+	db, store := outboxStore(t)
+	rcv := testkit.NewReceiver(t, testkit.ReceiverOptions{CompletionsOnly: true})
+	for range 2 {
+		runDispatcher(t, delivery.DispatchConfig{Batch: 8}, rcv.URL, store)
+	}
+	completions(t, store, "before", 20)
+	awaitDelivered(t, rcv, 20, "20 events delivered before the pause")
+
+	if _, err := store.SetDeliveryPaused(t.Context(), true); err != nil {
+		t.Fatal(err)
+	}
+	posts := rcv.Stats().Posts
+	completions(t, store, "paused", 30)
+	// 2 s is 20 polls of each of the 8 loops
+	if _, moved := testkit.Watch(time.Now().Add(2*time.Second), func() bool { return rcv.Stats().Posts != posts }); moved {
+		t.Fatalf("delivered while paused: %+v", rcv.Stats())
+	}
+	if n := testkit.OutboxRows(t, db.DB); n != 30 {
+		t.Fatalf("%d events in the outbox while paused, want 30", n)
+	}
+
+	if _, err := store.SetDeliveryPaused(t.Context(), false); err != nil {
+		t.Fatal(err)
+	}
+	awaitDelivered(t, rcv, 50, "every event delivered after the resume")
+	awaitOutboxEmpty(t, db)
+	for id, n := range rcv.Redelivered() {
+		t.Errorf("event %s delivered %d times", id, n)
+	}
+	rcv.Check(t)
+}
