@@ -36,7 +36,7 @@ func (s *Server) registerOperatorEvents() {
 
 type eventList struct {
 	Events []storage.OutboxEntry `json:"events"`
-	Next   string                `json:"next"` // "" on the last page
+	Next   string                `json:"next,omitempty"` // absent on the last page
 }
 
 func (s *Server) listEvents(w http.ResponseWriter, r *http.Request) {
