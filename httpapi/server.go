@@ -158,6 +158,7 @@ func New(cfg Config) *Server {
 	s.handle("DELETE /v1/steps", "cancel_workflow_instance", s.auth(s.cancelWorkflowInstance))
 	s.handle("GET /version", "version", VersionHandler)
 	s.registerOperatorEvents()
+	s.handle("GET /ui/", "ui", s.auth(s.ui))
 	s.handle("/v1/", "v1_other", s.auth(func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, http.StatusNotFound, "no such endpoint: "+r.Method+" "+oneLine(r.URL.Path))
 	}))
@@ -187,8 +188,11 @@ func (s *Server) handle(pattern, name string, h http.HandlerFunc) {
 // password with any user name (as NanoMDM and NanoCMD do).
 func (s *Server) auth(next http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
+		if refuseCrossSite(w, r) {
+			return
+		}
 		if s.cfg.APIKey == "" {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="stepcollect"`)
+			challenge(w)
 			writeError(w, r, http.StatusUnauthorized, "no API key is configured on this server: set -api-key")
 			return
 		}
@@ -199,7 +203,7 @@ func (s *Server) auth(next http.HandlerFunc) http.HandlerFunc {
 			given = h[7:]
 		}
 		if subtle.ConstantTimeCompare([]byte(given), []byte(s.cfg.APIKey)) != 1 {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="stepcollect"`)
+			challenge(w)
 			writeError(w, r, http.StatusUnauthorized, "missing or wrong API key (Authorization: Bearer <key>, or basic auth with the key as password)")
 			return
 		}
