@@ -184,7 +184,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		callback = "none: events wait in the outbox"
 	}
 	w.logger.Info().Str("metrics", "http://"+w.MetricsAddr()+"/metrics").Int("concurrency", w.cfg.Concurrency).
-		Dur("sweep_interval", w.cfg.SweepInterval).Dur("schedule_interval", w.cfg.ScheduleInterval).
+		Stringer("sweep_interval", w.cfg.SweepInterval).Stringer("schedule_interval", w.cfg.ScheduleInterval).
 		Str("callback_url", callback).Int("max_delivery_attempts", w.cfg.MaxDeliveryAttempts).
 		Str("max_delivery_age", w.cfg.MaxDeliveryAge.String()).Msg("worker started")
 

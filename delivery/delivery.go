@@ -121,7 +121,7 @@ func (d *Deliverer) ProcessTask(ctx context.Context, t *asynq.Task) error {
 	if ferr := d.store.FailEvent(ctx, ev.ID, err.Error(), retryAt); ferr != nil {
 		logger.Warn().Err(ferr).Msg("recording the failed delivery")
 	}
-	logger.Info().Err(err).Int(logkeys.Attempt, ev.Attempts).Msg("delivery failed; the dispatcher tries again")
+	logger.Warn().Err(err).Int(logkeys.Attempt, ev.Attempts).Msg("delivery failed; the dispatcher tries again")
 	return nil
 }
 

@@ -240,7 +240,7 @@ func (p *Dispatcher) deliverBatch(ctx context.Context, evs []*storage.OutboxEven
 			if ferr := p.store.FailEvent(ctx, ev.ID, err.Error(), retryAt); ferr != nil {
 				p.d.logger.Warn().Err(ferr).Int64(logkeys.OutboxID, ev.ID).Msg("recording the failed delivery; its lease lapses instead")
 			}
-			p.d.logger.Info().Err(err).Int64(logkeys.OutboxID, ev.ID).Str(logkeys.EventID, ev.EventID).Str(logkeys.EventType, ev.Type).
+			p.d.logger.Warn().Err(err).Int64(logkeys.OutboxID, ev.ID).Str(logkeys.EventID, ev.EventID).Str(logkeys.EventType, ev.Type).
 				Int(logkeys.Attempt, ev.Attempts).Time("retry_at", retryAt).Msg("delivery failed; will retry")
 		}()
 	}
@@ -249,7 +249,7 @@ func (p *Dispatcher) deliverBatch(ctx context.Context, evs []*storage.OutboxEven
 	<-ackDone
 	close(renewDone)
 	if abandoned > 0 {
-		p.d.logger.Info().Int(logkeys.Count, abandoned).Dur("lease", p.cfg.Lease).
+		p.d.logger.Info().Int(logkeys.Count, abandoned).Stringer("lease", p.cfg.Lease).
 			Msg("stopping: deliveries in flight abandoned; their leases lapse and another worker delivers them")
 	}
 }
