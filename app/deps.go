@@ -48,7 +48,7 @@ func addCommonFlags(s *config.Set) *commonFlags {
 	}
 	// read back by run through the Set: GET this binary's own /readyz
 	// (the container health check) instead of starting
-	s.Switch("probe", "GET this binary's own /readyz (on -listen, or -metrics-listen) and exit 0 if it answers 200, else 1; starts nothing")
+	s.Switch("probe", "GET this binary's own /readyz (the api's -listen, the worker's -metrics-listen) and exit 0 if it answers 200, else 1; starts nothing")
 	s.Check(config.MySQLDSN("mysql-dsn", f.dsn))
 	s.Check(config.RedisURL("redis-url", f.redis))
 	s.Check(func() error {

@@ -12,7 +12,8 @@ import (
 )
 
 // probeFlags are the flags whose address -probe asks, in order: the api's
-// -listen, the worker's -metrics-listen. Each binary defines one of them.
+// -listen (it may also have a -metrics-listen, which serves no /readyz),
+// the worker's -metrics-listen.
 var probeFlags = []string{"listen", "metrics-listen"}
 
 // probeTimeout bounds the whole probe: /readyz bounds its own checks to
