@@ -165,6 +165,14 @@ func (s *Storage) StoreCommandResponseAndRetrieveCompletedStep(ctx context.Conte
 	if errors.As(err, &le) {
 		return nil, le
 	}
+	if err != nil && prevStepID != 0 {
+		// A try completed the step and its COMMIT answer was lost, and no
+		// later try could settle it (the server gone, or no outbox to ask):
+		// the step may now be unreferenced. Asking for its collection is
+		// harmless if it is not (only what nothing references is taken),
+		// and without it nothing but a sweep would find it.
+		s.afterRelease(ctx, []int64{prevStepID})
+	}
 	if err != nil {
 		if errors.Is(err, storage.ErrUnknownCommand) || stepID == 0 {
 			return nil, fmt.Errorf("storing result (enrollment %s, command %s): %w", id, sc.CommandUUID, dataError(err))

@@ -232,6 +232,11 @@ func TestALostCommitAnswerWithoutTheOutboxIsAnErrorNotAGuess(t *testing.T) {
 	if r != nil || !errors.Is(err, storage.ErrCommitUnknown) {
 		t.Errorf("%+v, %v; want an error wrapping ErrCommitUnknown", r, err)
 	}
+	// The COMMIT did go through: the step is unreferenced, and it is
+	// collected all the same rather than left to a sweep.
+	if n := testkit.Count(t, b.db.DB, `SELECT COUNT(*) FROM steps`); n != 0 {
+		t.Errorf("%d steps left after a completion whose COMMIT answer was lost, want it collected", n)
+	}
 }
 
 // StoreStep's COMMIT went through but its answer was lost: the retry must
