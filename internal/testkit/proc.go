@@ -210,11 +210,19 @@ func StartService(t testing.TB, bin string, env []string, addrFlag string, args 
 }
 
 // ServiceEnv is the environment that points a binary at dsn and redisURL,
-// with extra (NAME=value) after it. It has no spare capacity, so that two
-// appends to it never share an array.
+// with extra (NAME=value) after it (a later value of a name wins). Each
+// service's pool is ServicePoolSize: the tests share one server's
+// max_connections (151 by default), two packages at a time, and a stack of
+// two services at the default 64 each beside a test's own pool reached it.
+// It has no spare capacity, so that two appends to it never share an array.
 func ServiceEnv(dsn, redisURL string, extra ...string) []string {
-	return slices.Clip(append([]string{"STEPCOLLECT_MYSQL_DSN=" + dsn, "STEPCOLLECT_REDIS_URL=" + redisURL}, extra...))
+	return slices.Clip(append([]string{"STEPCOLLECT_MYSQL_DSN=" + dsn, "STEPCOLLECT_REDIS_URL=" + redisURL,
+		fmt.Sprintf("STEPCOLLECT_MYSQL_MAX_CONNS=%d", ServicePoolSize)}, extra...))
 }
+
+// ServicePoolSize is the MySQL pool of every service a test starts: a real
+// pool (results commit concurrently), not the production default.
+const ServicePoolSize = 32
 
 // LogBuffer keeps what a process writes, safe to read while it writes.
 type LogBuffer struct {
