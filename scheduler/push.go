@@ -64,7 +64,8 @@ func CheckPushURL(flagName string, u *string) func() error {
 
 // Push pushes ids, PushChunk to a request, one after the other, and
 // returns how many were acknowledged with a 2xx. A failed request is
-// logged and counted; the others still go.
+// logged and counted; the others still go. Those left when ctx ends (the
+// run's time is up, or the worker stops) are counted as errors.
 func (p *Pusher) Push(ctx context.Context, ids []string) (ok int) {
 	for len(ids) > 0 && ctx.Err() == nil {
 		chunk := ids[:min(PushChunk, len(ids))]
@@ -74,6 +75,10 @@ func (p *Pusher) Push(ctx context.Context, ids []string) (ok int) {
 		if outcome == metrics.RePushOK {
 			ok += len(chunk)
 		}
+	}
+	if len(ids) > 0 {
+		p.metrics.Pushed(metrics.RePushError, len(ids))
+		p.logger.Warn().Err(ctx.Err()).Int(logkeys.Count, len(ids)).Msg("enrollments not pushed: the run ended first; they are pushed after the next -repush-interval")
 	}
 	return ok
 }
