@@ -225,3 +225,19 @@ func TestAPushAPIThatIsDownIsCountedAsError(t *testing.T) {
 		t.Errorf("stepcollect_repushes_total{outcome=\"error\"} = %v, want 31", got)
 	}
 }
+
+// Enrollments a run claimed but had no time left to push are counted as
+// errors, not lost from the count.
+func TestIdsLeftWhenTheRunEndsAreCountedAsErrors(t *testing.T) {
+	api := newPushAPI(t, http.StatusOK)
+	m := metrics.NewRePush(prometheus.NewRegistry())
+	p := scheduler.NewPusher(api.URL+"/v1/push/", "k", m, zerolog.New(zerolog.NewTestWriter(t)))
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	if ok := p.Push(ctx, make([]string, 45)); ok != 0 || len(api.requests()) != 0 {
+		t.Errorf("after the run's end: %d acknowledged, %d requests, want none", ok, len(api.requests()))
+	}
+	if got := testutil.ToFloat64(m.RePushes.WithLabelValues(metrics.RePushError)); got != 45 {
+		t.Errorf("stepcollect_repushes_total{outcome=\"error\"} = %v, want 45", got)
+	}
+}
