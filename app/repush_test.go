@@ -45,6 +45,7 @@ func TestBadRePushFlagsAreRefusedInOneLineNamingTheFlag(t *testing.T) {
 		{[]string{"-repush-interval", "daily"}, nil, "-repush-interval"},
 		{nil, map[string]string{"STEPCOLLECT_REPUSH_INTERVAL": "daily"}, `-repush-interval: STEPCOLLECT_REPUSH_INTERVAL="daily"`},
 		{[]string{"-push-url", "ftp://nano:S3cretPw@nanomdm.example/v1/push/"}, nil, "-push-url: "},
+		{[]string{"-push-url", "http://nanomdm.example/v1/push/"}, nil, "-push-api-key: required with -push-url"},
 	} {
 		_, _, err := app.ParseWorkerConfig(c.args, func(k string) string { return c.env[k] })
 		if err == nil || !strings.Contains(err.Error(), c.want) || strings.Contains(err.Error(), "\n") || strings.Contains(err.Error(), "S3cretPw") {

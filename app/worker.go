@@ -3,6 +3,7 @@ package app
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -79,6 +80,10 @@ func ParseWorkerConfig(args []string, getenv func(string) string) (WorkerConfig,
 	s.Check(func() error {
 		if *conc < 1 {
 			return fmt.Errorf("-concurrency: %d is less than 1", *conc)
+		}
+		if *pushURL != "" && *pushKey == "" {
+			// NanoMDM serves its API only with a key: every push would be a 401
+			return errors.New("-push-api-key: required with -push-url (NanoMDM's API key)")
 		}
 		if *maxAttempts < 0 {
 			return fmt.Errorf("-max-delivery-attempts: %d is negative (0 holds no event for its attempts)", *maxAttempts)

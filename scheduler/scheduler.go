@@ -68,7 +68,7 @@ func (s *Scheduler) ProcessTask(ctx context.Context, t *asynq.Task) error {
 	}
 	if owned {
 		// cmd/nanocmd's engine worker acts on them; not a failure to retry
-		s.ownedOnce.Do(func() { s.logger.Info().Err(storage.ErrScheduleOwnedByEngine).Msg("scheduler idle on this database") })
+		s.ownedOnce.Do(func() { s.logger.Info().Err(dueErr).Msg("scheduler idle on this database") })
 		return nil
 	}
 	err := errors.Join(dueErr, toErr, pushErr)
