@@ -2,6 +2,7 @@ package scheduler_test
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -18,6 +19,7 @@ import (
 	"github.com/stepcollect/stepcollect/internal/testkit"
 	"github.com/stepcollect/stepcollect/metrics"
 	"github.com/stepcollect/stepcollect/scheduler"
+	"github.com/stepcollect/stepcollect/storage"
 	stepmysql "github.com/stepcollect/stepcollect/storage/mysql"
 )
 
@@ -199,6 +201,10 @@ func TestNothingIsRePushedOnADatabaseNanoCMDOwns(t *testing.T) {
 	}
 	if reqs := b.api.requests(); len(reqs) > 0 {
 		t.Errorf("%d push requests, want none", len(reqs))
+	}
+	// the storage refuses too, for a mark committed after the run's first claims
+	if ids, err := b.store.ClaimRePushes(t.Context(), time.Now().Add(-24*time.Hour), time.Now()); !errors.Is(err, storage.ErrScheduleOwnedByEngine) || len(ids) > 0 {
+		t.Errorf("ClaimRePushes on a database cmd/nanocmd owns: %d ids, %v, want none and ErrScheduleOwnedByEngine", len(ids), err)
 	}
 	due := testkit.Count(t, b.db.DB, "SELECT COUNT(*) FROM id_commands WHERE last_push < ?", time.Now().Add(-24*time.Hour))
 	if due != 10 {
