@@ -3,6 +3,7 @@ package app
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -46,6 +47,11 @@ type WorkerConfig struct {
 	// that often, or is that old, for an operator; 0: no limit.
 	MaxDeliveryAttempts int
 	MaxDeliveryAge      time.Duration
+	// PushURL is NanoMDM's push API (…/v1/push/), PushAPIKey its key;
+	// without a URL, or with RePushInterval 0, nothing is re-pushed.
+	PushURL        string
+	PushAPIKey     string
+	RePushInterval time.Duration
 }
 
 // ParseWorkerConfig reads the worker's flags, with environment fallbacks.
@@ -63,11 +69,21 @@ func ParseWorkerConfig(args []string, getenv func(string) string) (WorkerConfig,
 		"failed tries after which an event is held until an operator releases it (tries come 5-10s apart at the backoff cap: the default is 3-5 hours); 0: never")
 	maxAge := s.Duration("max-delivery-age", "STEPCOLLECT_MAX_DELIVERY_AGE", delivery.DefaultMaxDeliveryAge,
 		"age (since written or released) after which an event whose try fails is held until an operator releases it; 0: never")
+	pushURL := s.URL("push-url", "STEPCOLLECT_PUSH_URL", "",
+		"NanoMDM's push API (like http://nanomdm:9000/v1/push/), where enrollments that have not answered are re-pushed; none: no re-push")
+	pushKey := s.Secret("push-api-key", "STEPCOLLECT_PUSH_API_KEY", "NanoMDM's API key, sent as HTTP basic auth nanomdm:<key> to -push-url")
+	repush := s.Duration("repush-interval", "STEPCOLLECT_REPUSH_INTERVAL", 24*time.Hour,
+		"how long a command goes unanswered before its enrollment is pushed again through -push-url (NanoCMD's default); 0 disables")
 	s.Check(config.ListenAddr("metrics-listen", listen))
+	s.Check(scheduler.CheckPushURL("push-url", pushURL))
 	s.Check(config.HTTPURL("callback-url", callback))
 	s.Check(func() error {
 		if *conc < 1 {
 			return fmt.Errorf("-concurrency: %d is less than 1", *conc)
+		}
+		if *pushURL != "" && *pushKey == "" {
+			// NanoMDM serves its API only with a key: every push would be a 401
+			return errors.New("-push-api-key: required with -push-url (NanoMDM's API key)")
 		}
 		if *maxAttempts < 0 {
 			return fmt.Errorf("-max-delivery-attempts: %d is negative (0 holds no event for its attempts)", *maxAttempts)
@@ -82,6 +98,7 @@ func ParseWorkerConfig(args []string, getenv func(string) string) (WorkerConfig,
 		Concurrency: *conc, SweepInterval: *sweep, ScheduleInterval: *schedule, CallbackURL: *callback,
 		CallbackHMACKey: *callbackKey, LogLevel: *common.level, LogFormat: *common.format, MySQLMaxConns: *common.maxConns,
 		ShutdownTimeout: 8 * time.Second, MaxDeliveryAttempts: *maxAttempts, MaxDeliveryAge: *maxAge,
+		PushURL: *pushURL, PushAPIKey: *pushKey, RePushInterval: *repush,
 	}, s, nil
 }
 
@@ -119,7 +136,12 @@ func NewWorker(ctx context.Context, cfg WorkerConfig, logger zerolog.Logger) (*W
 	// sweeper only counts them.
 	w.sweeper = collector.NewSweeper(collector.SweeperConfig{Interval: cfg.SweepInterval},
 		store, enq, m.Sweeper, logger.With().Str("component", "sweeper").Logger())
-	w.scheduler = scheduler.New(cfg.ScheduleInterval, store, enq, logger.With().Str("component", "scheduler").Logger())
+	var schedOpts []scheduler.Option
+	if cfg.PushURL != "" {
+		pusher := scheduler.NewPusher(cfg.PushURL, cfg.PushAPIKey, m.RePush, logger.With().Str("component", "repush").Logger())
+		schedOpts = append(schedOpts, scheduler.WithRePush(scheduler.RePush{Interval: cfg.RePushInterval, Store: store, Pusher: pusher}))
+	}
+	w.scheduler = scheduler.New(cfg.ScheduleInterval, store, enq, logger.With().Str("component", "scheduler").Logger(), schedOpts...)
 
 	w.mux = asynq.NewServeMux()
 	w.mux.Handle(tasks.TypeCollect, collector.NewHandler(store, logger.With().Str("component", "collector").Logger()))
@@ -183,10 +205,15 @@ func (w *Worker) Run(ctx context.Context) error {
 	if callback == "" {
 		callback = "none: events wait in the outbox"
 	}
+	push := config.RedactURL(w.cfg.PushURL)
+	if push == "" {
+		push = "none: no re-push"
+	}
 	w.logger.Info().Str("metrics", "http://"+w.MetricsAddr()+"/metrics").Int("concurrency", w.cfg.Concurrency).
 		Stringer("sweep_interval", w.cfg.SweepInterval).Stringer("schedule_interval", w.cfg.ScheduleInterval).
 		Str("callback_url", callback).Int("max_delivery_attempts", w.cfg.MaxDeliveryAttempts).
-		Str("max_delivery_age", w.cfg.MaxDeliveryAge.String()).Msg("worker started")
+		Str("max_delivery_age", w.cfg.MaxDeliveryAge.String()).Str("push_url", push).
+		Str("repush_interval", w.cfg.RePushInterval.String()).Msg("worker started")
 
 	var err error
 	select {

@@ -20,6 +20,7 @@ type Set struct {
 	Enqueue  *Enqueue
 	API      *API
 	Delivery *Delivery
+	RePush   *RePush
 }
 
 // New registers the Go and process collectors, every stepcollect metric,
@@ -35,6 +36,7 @@ func New(inspector *asynq.Inspector, taskTypes []string, queues ...string) *Set 
 		Enqueue:  NewEnqueue(reg, taskTypes...),
 		API:      NewAPI(reg),
 		Delivery: NewDelivery(reg, "step.completed", "step.timed_out", "step.due"),
+		RePush:   NewRePush(reg),
 	}
 	if inspector != nil {
 		reg.MustRegister(NewQueueCollector(inspector, queues...))

@@ -35,15 +35,22 @@ type Scheduler struct {
 	enq      Enqueuer
 	logger   zerolog.Logger
 
+	repush *RePush // nil: no re-push
+
 	ownedOnce sync.Once // says once that cmd/nanocmd owns the schedule
 }
 
 // New returns a Scheduler running every interval (0: never).
-func New(interval time.Duration, store Store, enq Enqueuer, logger zerolog.Logger) *Scheduler {
-	return &Scheduler{interval: interval, store: store, enq: enq, logger: logger}
+func New(interval time.Duration, store Store, enq Enqueuer, logger zerolog.Logger, opts ...Option) *Scheduler {
+	s := &Scheduler{interval: interval, store: store, enq: enq, logger: logger}
+	for _, o := range opts {
+		o(s)
+	}
+	return s
 }
 
-// ProcessTask implements asynq.Handler: one run of both.
+// ProcessTask implements asynq.Handler: one run of both, and of the
+// re-push when there is one.
 func (s *Scheduler) ProcessTask(ctx context.Context, t *asynq.Task) error {
 	if _, err := tasks.ParseSweep(t); err != nil {
 		s.logger.Error().Err(err).Msg("unreadable schedule task")
@@ -52,12 +59,19 @@ func (s *Scheduler) ProcessTask(ctx context.Context, t *asynq.Task) error {
 	now := time.Now()
 	due, dueErr := s.store.SendDueSteps(ctx, now)
 	timedOut, toErr := s.store.TimeOutSteps(ctx, now)
-	if errors.Is(dueErr, storage.ErrScheduleOwnedByEngine) && errors.Is(toErr, storage.ErrScheduleOwnedByEngine) {
+	owned := errors.Is(dueErr, storage.ErrScheduleOwnedByEngine) && errors.Is(toErr, storage.ErrScheduleOwnedByEngine)
+	var pushErr error
+	if s.repush != nil && !owned {
+		if pushErr = s.rePush(ctx, now); errors.Is(pushErr, storage.ErrScheduleOwnedByEngine) {
+			pushErr = nil // marked since the claims above: the next run is idle
+		}
+	}
+	if owned {
 		// cmd/nanocmd's engine worker acts on them; not a failure to retry
 		s.ownedOnce.Do(func() { s.logger.Info().Err(dueErr).Msg("scheduler idle on this database") })
 		return nil
 	}
-	err := errors.Join(dueErr, toErr)
+	err := errors.Join(dueErr, toErr, pushErr)
 	ev := s.logger.Debug()
 	if due+timedOut > 0 {
 		ev = s.logger.Info()
@@ -73,7 +87,7 @@ func (s *Scheduler) ProcessTask(ctx context.Context, t *asynq.Task) error {
 // slot across replicas (see tasks.RunSlots).
 func (s *Scheduler) Run(ctx context.Context) {
 	if s.interval <= 0 {
-		s.logger.Info().Msg("scheduler disabled (-schedule-interval 0): timeouts and not_until are not acted on")
+		s.logger.Info().Msg("scheduler disabled (-schedule-interval 0): timeouts, not_until and re-pushes are not acted on")
 		<-ctx.Done()
 		return
 	}

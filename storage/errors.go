@@ -62,8 +62,9 @@ var ErrCommitUnknown = errors.New("the COMMIT's answer was lost and nothing in t
 var ErrClaimSkipped = errors.New("collection claim skipped: the step is locked by another transaction")
 
 // ErrScheduleOwnedByEngine is returned by the scheduler's claims
-// (SendDueSteps, TimeOutSteps) on a database that cmd/nanocmd marked as
-// its own: there NanoCMD's engine worker acts on timeouts, re-pushes and
+// (SendDueSteps, TimeOutSteps, ClaimRePushes) on a database that
+// cmd/nanocmd marked as its own: there NanoCMD's engine worker acts on
+// timeouts, re-pushes and
 // NotUntil, and a step.due or step.timed_out event would take its steps
 // from it (docs/runbook.md, "With NanoCMD").
 var ErrScheduleOwnedByEngine = errors.New("this database's step timeouts and not_until belong to NanoCMD's engine (cmd/nanocmd marked it): stepcollect's scheduler leaves them alone")

@@ -3,6 +3,8 @@ package main_test
 import (
 	"database/sql"
 	"fmt"
+	"os"
+	"os/exec"
 	"strings"
 	"sync"
 	"testing"
@@ -145,7 +147,28 @@ func TestWorkerRejectsABadFlagInOneLineNamingIt(t *testing.T) {
 		{Args: []string{"-redis-url", "http://example"}, Want: "-redis-url: "},
 		{Env: "STEPCOLLECT_SWEEP_INTERVAL=zz", Want: "-sweep-interval: STEPCOLLECT_SWEEP_INTERVAL=\"zz\""},
 		{Args: []string{"-metrics-listen", "nowhere"}, Want: "-metrics-listen: "},
+		{Args: []string{"-push-url", "nanomdm/v1/push/"}, Want: "-push-url: "},
+		{Args: []string{"-repush-interval", "-24h"}, Want: "-repush-interval: -24h0m0s is negative"},
+		{Env: "STEPCOLLECT_REPUSH_INTERVAL=daily", Want: "-repush-interval: STEPCOLLECT_REPUSH_INTERVAL=\"daily\""},
 	})
+}
+
+// -h says whether the push API key is set, never what it is.
+func TestWorkerHelpShowsNoPushAPIKey(t *testing.T) {
+	cmd := exec.Command(workerBin, "-h")
+	cmd.Env = append(os.Environ(), "STEPCOLLECT_PUSH_API_KEY=push-s3cret", "STEPCOLLECT_PUSH_URL=http://nano:url-s3cret@nanomdm:9000/v1/push/")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("-h: %v\n%s", err, out)
+	}
+	if strings.Contains(string(out), "s3cret") {
+		t.Errorf("-h shows a secret:\n%s", out)
+	}
+	for _, want := range []string{"-push-url", "-repush-interval", "(env STEPCOLLECT_PUSH_API_KEY) (set)", "http://xxxxx:xxxxx@nanomdm:9000/v1/push/"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("-h lacks %q:\n%s", want, out)
+		}
+	}
 }
 
 // A refused URL or DSN names its flag without its user information, and

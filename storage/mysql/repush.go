@@ -14,6 +14,31 @@ import (
 // claimed with SKIP LOCKED, so two workers never return the same enrollment
 // for the same commands.
 func (s *Storage) RetrieveAndMarkRePushed(ctx context.Context, ifBefore time.Time, pushTime time.Time) ([]string, error) {
+	ids, err := s.rePush(ctx, ifBefore, pushTime, nil)
+	if err != nil {
+		return nil, err
+	}
+	return ids, nil
+}
+
+// ClaimRePushes is RetrieveAndMarkRePushed for cmd/worker's scheduler: on
+// a database cmd/nanocmd marked it returns ErrScheduleOwnedByEngine and
+// claims nothing, as SendDueSteps and TimeOutSteps do (NanoCMD's engine
+// worker re-pushes there). On an error it also returns the enrollments of
+// the batches that committed: they are marked, so they are due a push now.
+func (s *Storage) ClaimRePushes(ctx context.Context, ifBefore time.Time, pushTime time.Time) ([]string, error) {
+	if err := scheduleOwnedElsewhere(ctx, s.db); err != nil {
+		return nil, err
+	}
+	return s.rePush(ctx, ifBefore, pushTime, func(ctx context.Context, tx *sql.Tx) error {
+		return scheduleOwnedElsewhere(ctx, tx)
+	})
+}
+
+// rePush claims and marks in batches; check, when set, runs in each batch's
+// transaction after the claim, and its error rolls the batch back. On an
+// error it returns the enrollments of the batches that committed.
+func (s *Storage) rePush(ctx context.Context, ifBefore, pushTime time.Time, check func(context.Context, *sql.Tx) error) ([]string, error) {
 	if ifBefore.IsZero() {
 		return nil, nil
 	}
@@ -34,6 +59,12 @@ func (s *Storage) RetrieveAndMarkRePushed(ctx context.Context, ifBefore time.Tim
 			if len(keys) == 0 {
 				return nil
 			}
+			if check != nil {
+				if err := check(ctx, tx); err != nil {
+					keys = nil
+					return err
+				}
+			}
 			vals := []any{pushTime}
 			for _, k := range keys {
 				vals = append(vals, k.id, k.uuid)
@@ -45,7 +76,7 @@ func (s *Storage) RetrieveAndMarkRePushed(ctx context.Context, ifBefore time.Tim
 			return nil
 		})
 		if err != nil {
-			return nil, fmt.Errorf("re-push (before %s): %w", ifBefore.Format(time.RFC3339), err)
+			return out, fmt.Errorf("re-push (before %s): %w", ifBefore.Format(time.RFC3339), err)
 		}
 		for _, k := range keys {
 			if !seen[k.id] {
