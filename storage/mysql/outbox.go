@@ -198,11 +198,3 @@ func (s *Storage) Gauges(ctx context.Context) (storage.Gauges, error) {
 	g.DeliveryPaused = paused.Bool
 	return g, nil
 }
-
-// RecordSweep stores what a sweep found, for every replica's gauges.
-func (s *Storage) RecordSweep(ctx context.Context, uncollected int) error {
-	if _, err := s.db.ExecContext(ctx, qRecordState, "uncollected_steps", float64(uncollected)); err != nil {
-		return fmt.Errorf("recording the sweep: %w", err)
-	}
-	return nil
-}

@@ -7,7 +7,6 @@ import (
 	"go/token"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,7 +14,6 @@ import (
 
 	"github.com/stepcollect/stepcollect/internal/testkit"
 	"github.com/stepcollect/stepcollect/storage"
-	"github.com/stepcollect/stepcollect/storage/mysql"
 )
 
 func TestStoreStepConflictNamesTheEnrollmentAndCommandAndWritesNothing(t *testing.T) {
@@ -179,93 +177,5 @@ func TestStoringAgainAfterCollectionMakesANewStep(t *testing.T) {
 	n := testkit.Count(t, b.db.DB, `SELECT COUNT(*) FROM id_commands WHERE step_id = ?`, first)
 	if n != 0 {
 		t.Errorf("the collected step %d gained %d references", first, n)
-	}
-}
-
-func TestMigrateFromManyProcessesAtOnceAppliesOnce(t *testing.T) {
-	db := testkit.NewDB(t, &testkit.DBOptions{Empty: true})
-	const procs = 8
-	errs := make([]error, procs)
-	startTogether(procs, func(i int) {
-		// each "process" has its own pool, as replicas would
-		own, err := mysql.OpenDB(db.DSN)
-		if err != nil {
-			errs[i] = err
-			return
-		}
-		defer own.Close()
-		errs[i] = mysql.Migrate(t.Context(), own)
-	})
-	for i, err := range errs {
-		if err != nil {
-			t.Errorf("process %d: %v", i, err)
-		}
-	}
-	cur, latest, err := mysql.SchemaVersion(t.Context(), db.DB)
-	if err != nil || cur != latest || latest < 1 {
-		t.Fatalf("schema version %d of %d: %v", cur, latest, err)
-	}
-	// one row per migration file: version numbers may have gaps
-	files, err := filepath.Glob("migrations/*.sql")
-	if err != nil || len(files) == 0 {
-		t.Fatalf("migration files: %v, %v", files, err)
-	}
-	applied := testkit.Count(t, db.DB, `SELECT COUNT(*) FROM `+mysql.MigrationsTable+` WHERE version_id > 0`)
-	if applied != len(files) {
-		t.Errorf("%d migrations recorded, want %d (each once)", applied, len(files))
-	}
-	// and again, later: nothing to do
-	if err := mysql.Migrate(t.Context(), db.DB); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// OpenDB's sessions run at READ COMMITTED without a per-transaction SET.
-func TestOpenDBSessionsAreReadCommitted(t *testing.T) {
-	tdb := testkit.NewDB(t, nil)
-	db, err := mysql.OpenDB(tdb.DSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	var level string
-	if err := db.QueryRow(`SELECT @@SESSION.tx_isolation`).Scan(&level); err != nil {
-		// MySQL 8 knows it only as transaction_isolation
-		if err := db.QueryRow(`SELECT @@SESSION.transaction_isolation`).Scan(&level); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if level != "READ-COMMITTED" {
-		t.Errorf("session isolation %s, want READ-COMMITTED", level)
-	}
-}
-
-// OpenDB's pool keeps its connections between bursts: database/sql's own
-// default keeps 2 idle, so every burst of concurrent results opened (and
-// then closed) a connection for each result but two.
-func TestOpenDBKeepsItsConnectionsBetweenBursts(t *testing.T) {
-	tdb := testkit.NewDB(t, nil)
-	db, err := mysql.OpenDB(tdb.DSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	burst := func() {
-		var wg sync.WaitGroup
-		for range 40 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				if _, err := db.Exec(`DO SLEEP(0.05)`); err != nil {
-					t.Error(err)
-				}
-			}()
-		}
-		wg.Wait()
-	}
-	burst()
-	burst()
-	if st := db.Stats(); st.MaxIdleClosed != 0 || st.MaxOpenConnections != mysql.DefaultPoolSize {
-		t.Errorf("after two bursts of 40: %d connections closed for want of idle room, %d open at most; want 0 and %d", st.MaxIdleClosed, st.MaxOpenConnections, mysql.DefaultPoolSize)
 	}
 }

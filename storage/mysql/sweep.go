@@ -76,3 +76,11 @@ func (s *Storage) DeleteOrphanedStepCommands(ctx context.Context, stepIDs []int6
 	}
 	return total, nil
 }
+
+// RecordSweep stores what a sweep found, for every replica's gauges.
+func (s *Storage) RecordSweep(ctx context.Context, uncollected int) error {
+	if _, err := s.db.ExecContext(ctx, qRecordState, "uncollected_steps", float64(uncollected)); err != nil {
+		return fmt.Errorf("recording the sweep: %w", err)
+	}
+	return nil
+}

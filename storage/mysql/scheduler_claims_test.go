@@ -189,23 +189,3 @@ func anys(ids []int64) []any {
 	}
 	return out
 }
-
-// OpenDB's pools send every time parameter with at most six fractional
-// digits, whatever the caller's time holds: what the server takes as a
-// time (see TestSchedulerClaimsLockOnlyTheStepsThatAreDue).
-func TestOpenDBSendsTimesInMicroseconds(t *testing.T) {
-	tdb := testkit.NewDB(t, nil)
-	db, err := mysql.OpenDB(tdb.DSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	at := time.Date(2026, 11, 30, 1, 47, 10, 105304044, time.UTC)
-	var sent string
-	if err := db.QueryRow(`SELECT CAST(? AS CHAR)`, at).Scan(&sent); err != nil {
-		t.Fatal(err)
-	}
-	if want := "2026-11-30 01:47:10.105304"; sent != want {
-		t.Fatalf("the server got %q, want %q", sent, want)
-	}
-}

@@ -1,0 +1,47 @@
+package mysql_test
+
+import (
+	"path/filepath"
+	"testing"
+
+	"github.com/stepcollect/stepcollect/internal/testkit"
+	"github.com/stepcollect/stepcollect/storage/mysql"
+)
+
+func TestMigrateFromManyProcessesAtOnceAppliesOnce(t *testing.T) {
+	db := testkit.NewDB(t, &testkit.DBOptions{Empty: true})
+	const procs = 8
+	errs := make([]error, procs)
+	startTogether(procs, func(i int) {
+		// each "process" has its own pool, as replicas would
+		own, err := mysql.OpenDB(db.DSN)
+		if err != nil {
+			errs[i] = err
+			return
+		}
+		defer own.Close()
+		errs[i] = mysql.Migrate(t.Context(), own)
+	})
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("process %d: %v", i, err)
+		}
+	}
+	cur, latest, err := mysql.SchemaVersion(t.Context(), db.DB)
+	if err != nil || cur != latest || latest < 1 {
+		t.Fatalf("schema version %d of %d: %v", cur, latest, err)
+	}
+	// one row per migration file: version numbers may have gaps
+	files, err := filepath.Glob("migrations/*.sql")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("migration files: %v, %v", files, err)
+	}
+	applied := testkit.Count(t, db.DB, `SELECT COUNT(*) FROM `+mysql.MigrationsTable+` WHERE version_id > 0`)
+	if applied != len(files) {
+		t.Errorf("%d migrations recorded, want %d (each once)", applied, len(files))
+	}
+	// and again, later: nothing to do
+	if err := mysql.Migrate(t.Context(), db.DB); err != nil {
+		t.Fatal(err)
+	}
+}
