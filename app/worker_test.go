@@ -16,7 +16,6 @@ import (
 	"github.com/stepcollect/stepcollect/app"
 	"github.com/stepcollect/stepcollect/internal/scrape"
 	"github.com/stepcollect/stepcollect/internal/testkit"
-	"github.com/stepcollect/stepcollect/storage"
 	stepmysql "github.com/stepcollect/stepcollect/storage/mysql"
 	"github.com/stepcollect/stepcollect/tasks"
 )
@@ -182,7 +181,7 @@ func TestTwoReplicasDeleteEachStepOnceAndSweepOncePerInterval(t *testing.T) {
 	const interval = time.Second
 
 	// 100 steps whose hand-off was lost, for the sweepers to find
-	lost, err := stepmysql.New(stepmysql.WithDB(b.db.DB), stepmysql.WithCollector(dropCollector{}))
+	lost, err := stepmysql.New(stepmysql.WithDB(b.db.DB), stepmysql.WithCollector(testkit.DropCollector{}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -235,9 +234,3 @@ func TestTwoReplicasDeleteEachStepOnceAndSweepOncePerInterval(t *testing.T) {
 	}
 	t.Logf("%v sweeps over %v slots of %v with 2 replicas", sweeps, slots, interval)
 }
-
-// dropCollector loses every hand-off, as a process killed between commit
-// and enqueue would.
-type dropCollector struct{}
-
-func (dropCollector) CollectSteps(context.Context, []storage.UnreferencedStep) error { return nil }

@@ -1,7 +1,6 @@
 package collector_test
 
 import (
-	"context"
 	"errors"
 	"sync"
 	"testing"
@@ -26,16 +25,11 @@ type bundle struct {
 	m     *metrics.Storage
 }
 
-// dropCollector loses every hand-off, leaving unreferenced steps behind.
-type dropCollector struct{}
-
-func (dropCollector) CollectSteps(context.Context, []storage.UnreferencedStep) error { return nil }
-
 func setup(t *testing.T) *bundle {
 	t.Helper()
 	db := testkit.NewDB(t, nil)
 	m := metrics.NewStorage(prometheus.NewRegistry())
-	s, err := stepmysql.New(stepmysql.WithDB(db.DB), stepmysql.WithCollector(dropCollector{}), stepmysql.WithObserver(m))
+	s, err := stepmysql.New(stepmysql.WithDB(db.DB), stepmysql.WithCollector(testkit.DropCollector{}), stepmysql.WithObserver(m))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	nanostorage "github.com/micromdm/nanocmd/engine/storage"
+	"github.com/stepcollect/stepcollect/storage"
 )
 
 // EnrollmentID is the i-th enrollment of a step built with prefix.
@@ -111,3 +112,11 @@ func V1StepJSON(n, m int) []byte {
 	b.WriteString(`]}`)
 	return b.Bytes()
 }
+
+// DropCollector loses every hand-off, leaving unreferenced steps behind, as
+// a process killed between a commit and its enqueue would: only a sweep
+// finds them.
+type DropCollector struct{}
+
+// CollectSteps implements storage.Collector and does nothing.
+func (DropCollector) CollectSteps(context.Context, []storage.UnreferencedStep) error { return nil }

@@ -58,7 +58,7 @@ func TestFanOutOf300AllReportingAtOnceCommitsEveryResultAndLeavesNothing(t *test
 			t.Errorf("enrollment %s: wrong commands %+v", step.IDs[i], r.Commands)
 		}
 	}
-	if c := countRows(t, b.db.DB); c != (rowCounts{}) {
+	if c := countRows(t, b.db.DB); c != (testkit.StepRows{}) {
 		t.Errorf("rows left after the fan-out: %+v", c)
 	}
 	_, collected := b.obs.snapshot()
@@ -94,7 +94,7 @@ func TestNotUntilStepCompletesWithItsRawCommandsStillPresent(t *testing.T) {
 			t.Fatalf("enrollment %s: completed step %+v, want 3 commands", id, done)
 		}
 	}
-	if c := countRows(t, b.db.DB); c != (rowCounts{}) {
+	if c := countRows(t, b.db.DB); c != (testkit.StepRows{}) {
 		t.Errorf("rows left: %+v", c)
 	}
 }
@@ -149,7 +149,7 @@ func TestOneEnrollmentAnsweringItsFourCommandsConcurrentlyCompletesOnce(t *testi
 			t.Errorf("enrollment %s: completed step holds %d distinct commands, want %d", st.IDs[0], len(seen), cmds)
 		}
 	}
-	if c := countRows(t, b.db.DB); c != (rowCounts{}) {
+	if c := countRows(t, b.db.DB); c != (testkit.StepRows{}) {
 		t.Errorf("rows left: %+v", c)
 	}
 	requireRealConcurrency(t, b)
@@ -197,7 +197,7 @@ func TestTwentyCancelsRacingFiftyCompletionsOfASharedStep(t *testing.T) {
 		t.Errorf("completed %d, want %d", done, completes)
 	}
 	after := countRows(t, b.db.DB)
-	want := rowCounts{Steps: before.Steps - 1, IDCommands: before.IDCommands - cancels - completes}
+	want := testkit.StepRows{Steps: before.Steps - 1, IDCommands: before.IDCommands - cancels - completes}
 	if after != want {
 		t.Errorf("rows after: %+v, want %+v (the shared step gone, every bystander intact)", after, want)
 	}
@@ -278,7 +278,7 @@ func TestTimeoutSweepRacingCompletionsReportsEachEnrollmentOnce(t *testing.T) {
 		}
 	}
 	t.Logf("%d completed, %d timed out", completed, timedOut)
-	if c := countRows(t, b.db.DB); c != (rowCounts{}) {
+	if c := countRows(t, b.db.DB); c != (testkit.StepRows{}) {
 		t.Errorf("rows left: %+v", c)
 	}
 	requireRealConcurrency(t, b)
@@ -312,7 +312,7 @@ func TestNotUntilStepStillTimesOutAfterItWasSent(t *testing.T) {
 	if len(timedOut) != 2 {
 		t.Fatalf("timed out: %d results, want one per enrollment (2)", len(timedOut))
 	}
-	if c := countRows(t, b.db.DB); c != (rowCounts{}) {
+	if c := countRows(t, b.db.DB); c != (testkit.StepRows{}) {
 		t.Errorf("rows left: %+v", c)
 	}
 }
@@ -353,7 +353,7 @@ func TestCrashBetweenCommitAndCollectionLeavesAStepALaterCollectReclaims(t *test
 			t.Errorf("%s: a collector failure must not fail the result: %v", step.IDs[i], err)
 		}
 	}
-	if c := countRows(t, b.db.DB); c != (rowCounts{Steps: 1, StepCommands: 1}) {
+	if c := countRows(t, b.db.DB); c != (testkit.StepRows{Steps: 1, StepCommands: 1}) {
 		t.Fatalf("after the failed hand-off: %+v, want the unreferenced step and its raw command", c)
 	}
 	if len(col.steps) == 0 {
@@ -367,7 +367,7 @@ func TestCrashBetweenCommitAndCollectionLeavesAStepALaterCollectReclaims(t *test
 	if res[storage.CollectCollected] != 1 {
 		t.Errorf("collect outcomes %v, want 1 collected", res)
 	}
-	if c := countRows(t, b.db.DB); c != (rowCounts{}) {
+	if c := countRows(t, b.db.DB); c != (testkit.StepRows{}) {
 		t.Errorf("rows left after the later collection: %+v", c)
 	}
 	// collecting again is harmless
@@ -435,7 +435,7 @@ func TestLockWaitTimeoutIsRetriedNotSurfaced(t *testing.T) {
 	if err != nil || r == nil {
 		t.Fatalf("result after a lock wait timeout: %v, %v", r, err)
 	}
-	if c := countRows(t, b.db.DB); c != (rowCounts{}) {
+	if c := countRows(t, b.db.DB); c != (testkit.StepRows{}) {
 		t.Errorf("rows left: %+v", c)
 	}
 }

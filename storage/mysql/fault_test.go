@@ -296,7 +296,7 @@ func TestLostCommitAnswerOnTheCompletingResultStillReturnsTheStep(t *testing.T) 
 	if retries, _ := b.obs.snapshot(); retries["store command result/connection"] != 2 {
 		t.Errorf("retries %v, want two connection retries", retries)
 	}
-	if c := countRows(t, b.db.DB); c != (rowCounts{}) {
+	if c := countRows(t, b.db.DB); c != (testkit.StepRows{}) {
 		t.Errorf("rows left: %+v", c)
 	}
 }

@@ -76,7 +76,7 @@ func TestEveryCompletionWritesExactlyOneEventWithItsResults(t *testing.T) {
 			}
 		}
 	}
-	if c := countRows(t, b.db.DB); c != (rowCounts{}) {
+	if c := countRows(t, b.db.DB); c != (testkit.StepRows{}) {
 		t.Errorf("rows left: %+v", c)
 	}
 }
@@ -181,7 +181,7 @@ func TestTimeOutStepsWritesOneEventPerEnrollmentAsItStood(t *testing.T) {
 			t.Errorf("%s: %d commands completed in its event, want %d", id, done, want)
 		}
 	}
-	if c := countRows(t, b.db.DB); c != (rowCounts{}) {
+	if c := countRows(t, b.db.DB); c != (testkit.StepRows{}) {
 		t.Errorf("rows left: %+v", c)
 	}
 	if n, _ := b.store.TimeOutSteps(ctx, time.Now()); n != 0 {

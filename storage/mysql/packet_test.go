@@ -136,7 +136,7 @@ func TestAStepWhoseDueEventWouldNotFitIsRefusedAtEnqueue(t *testing.T) {
 	}
 	_, err := b.store.StoreStepID(t.Context(), step, time.Now())
 	requireTooLarge(t, err, b.store)
-	if c := countRows(t, b.db.DB); c != (rowCounts{}) {
+	if c := countRows(t, b.db.DB); c != (testkit.StepRows{}) {
 		t.Errorf("rows after the refusal: %+v, want none", c)
 	}
 

@@ -97,9 +97,7 @@ func loadNanoCMDSchema(t *testing.T, db *sql.DB) {
 	}
 }
 
-type rowCounts = testkit.StepRows
-
-func countRows(t *testing.T, db *sql.DB) rowCounts { return testkit.CountStepRows(t, db) }
+func countRows(t *testing.T, db *sql.DB) testkit.StepRows { return testkit.CountStepRows(t, db) }
 
 // startTogether runs fn(i) for i in [0,n) in n goroutines released at the
 // same moment, and waits for all of them.

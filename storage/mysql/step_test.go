@@ -77,7 +77,7 @@ func TestStoreStepRejectsBadInputNamingTheField(t *testing.T) {
 			}
 		})
 	}
-	if c := countRows(t, b.db.DB); c != (rowCounts{}) {
+	if c := countRows(t, b.db.DB); c != (testkit.StepRows{}) {
 		t.Errorf("rows written by rejected steps: %+v", c)
 	}
 }

@@ -58,7 +58,7 @@ func TestARetriedTimeoutReportsEachEnrollmentOnce(t *testing.T) {
 	if len(ids) != 2 || ids[0] == ids[1] {
 		t.Errorf("timed-out enrollments %v, want each of the 2 once", ids)
 	}
-	if c := countRows(t, b.db.DB); c != (rowCounts{}) {
+	if c := countRows(t, b.db.DB); c != (testkit.StepRows{}) {
 		t.Errorf("rows left: %+v", c)
 	}
 }
@@ -373,7 +373,7 @@ func TestStoreStepRefusesUnstorableTimesNamingTheField(t *testing.T) {
 			t.Errorf("%s out of range: %v, want an invalid-input error naming %s", tc.field, err, tc.field)
 		}
 	}
-	if c := countRows(t, b.db.DB); c != (rowCounts{}) {
+	if c := countRows(t, b.db.DB); c != (testkit.StepRows{}) {
 		t.Errorf("rows written: %+v", c)
 	}
 }
@@ -403,7 +403,7 @@ func TestALargeStepTimesOutInBoundedTransactions(t *testing.T) {
 	if len(seen) != 2500 || len(got) != 2500 {
 		t.Errorf("%d results for %d enrollments, want 2500 for 2500", len(got), len(seen))
 	}
-	if c := countRows(t, b.db.DB); c != (rowCounts{}) {
+	if c := countRows(t, b.db.DB); c != (testkit.StepRows{}) {
 		t.Errorf("rows left: %+v", c)
 	}
 }
