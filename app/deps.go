@@ -24,12 +24,6 @@ import (
 	"github.com/stepcollect/stepcollect/tasks"
 )
 
-// Defaults shared by both binaries (docs/reference.md, "Configuration").
-const (
-	DefaultMySQLDSN = config.DefaultMySQLDSN
-	DefaultRedisURL = config.DefaultRedisURL
-)
-
 // commonFlags are the flags both binaries take.
 type commonFlags struct {
 	dsn, redis, level, format *string
@@ -39,8 +33,8 @@ type commonFlags struct {
 
 func addCommonFlags(s *config.Set) *commonFlags {
 	f := &commonFlags{
-		dsn:      s.DSN("mysql-dsn", "STEPCOLLECT_MYSQL_DSN", DefaultMySQLDSN, "MySQL/MariaDB DSN (go-sql-driver form)"),
-		redis:    s.URL("redis-url", "STEPCOLLECT_REDIS_URL", DefaultRedisURL, "Redis URL: redis://, rediss:// or redis-sentinel://"),
+		dsn:      s.DSN("mysql-dsn", "STEPCOLLECT_MYSQL_DSN", config.DefaultMySQLDSN, "MySQL/MariaDB DSN (go-sql-driver form)"),
+		redis:    s.URL("redis-url", "STEPCOLLECT_REDIS_URL", config.DefaultRedisURL, "Redis URL: redis://, rediss:// or redis-sentinel://"),
 		migrate:  s.Bool("migrate", "STEPCOLLECT_MIGRATE", true, "apply the embedded schema migrations at start"),
 		maxConns: s.Int("mysql-max-conns", "STEPCOLLECT_MYSQL_MAX_CONNS", 64, "most MySQL connections this process opens (every replica's count adds up against max_connections)"),
 		level:    s.String("log-level", "STEPCOLLECT_LOG_LEVEL", "info", "debug, info, warn or error"),

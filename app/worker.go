@@ -179,9 +179,6 @@ func NewWorker(ctx context.Context, cfg WorkerConfig, logger zerolog.Logger) (*W
 // MetricsAddr is the address /metrics is served on (useful with port 0).
 func (w *Worker) MetricsAddr() string { return w.ln.Addr().String() }
 
-// Storage is the worker's storage.
-func (w *Worker) Storage() *stepmysql.Storage { return w.store }
-
 // Run processes tasks and sweeps until ctx ends, then stops: in-flight tasks
 // get ShutdownTimeout to finish (their context is cancelled after that and
 // asynq hands them back to the queue).

@@ -172,15 +172,6 @@ func (s *Storage) FailEvent(ctx context.Context, id int64, reason string, retryA
 	return nil
 }
 
-// OutboxPending counts the events not yet acknowledged.
-func (s *Storage) OutboxPending(ctx context.Context) (int, error) {
-	var n int
-	if err := s.db.QueryRowContext(ctx, qCountOutbox).Scan(&n); err != nil {
-		return 0, fmt.Errorf("counting the outbox: %w", err)
-	}
-	return n, nil
-}
-
 // Gauges reads what every replica exports at scrape time: the outbox and
 // the last sweep's findings, as the database holds them now.
 func (s *Storage) Gauges(ctx context.Context) (storage.Gauges, error) {

@@ -273,8 +273,6 @@ SELECT event_id, event_type, payload, attempts FROM stepcollect_outbox WHERE id 
 	qFailEvent = `
 UPDATE stepcollect_outbox SET last_error = ?, lease_until = ?, retry_at = ? WHERE id = ?`
 
-	qCountOutbox = `SELECT COUNT(*) FROM stepcollect_outbox`
-
 	// What every replica exports at scrape time: the outbox (its count,
 	// and the age by the server's clock of its oldest event not held,
 	// since written or released: the first held_at IS NULL entry of
