@@ -105,7 +105,7 @@ start_server() {
   setsid chroot "$root" mysqld --user=root --datadir="$datadir" \
     --port="$port" --bind-address="$host" --mysqlx=OFF --secure-file-priv= \
     --socket="$rundir/mysqld.sock" --pid-file="$pidfile" --log-error="$errlog" \
-    --max-connections="$max_connections" </dev/null >"$root$outlog" 2>&1 &
+    --max-connections="$max_connections" --max-allowed-packet=16M </dev/null >"$root$outlog" 2>&1 &
   for ((i = 0; i < 1200; i++)); do
     if answers && pid=$(server_pid); then
       return 0

@@ -92,12 +92,16 @@ function button(label, cls, onclick) {
 
 // ---- stuck steps ----
 
-const steps = { after: '', next: '', selected: null, outNext: '' };
+const steps = { after: '', next: '', selected: null, outNext: '', asked: 0 };
 
 async function loadSteps() {
   const tbody = $('steps').tBodies[0];
+  // An answer to an older question (the age changed, a page turned) must
+  // not overwrite the newer one's rows.
+  const asked = ++steps.asked;
   try {
     const body = await api('GET', '/v1/steps' + query({ older_than: $('age').value, limit: PAGE, after: steps.after }));
+    if (asked !== steps.asked) return;
     showError('steps-error', null);
     tbody.replaceChildren();
     for (const st of body.steps || []) {
@@ -121,7 +125,7 @@ async function loadSteps() {
     $('steps-next').disabled = !steps.next;
     $('steps-first').disabled = !steps.after;
   } catch (e) {
-    showError('steps-error', e);
+    if (asked === steps.asked) showError('steps-error', e);
   }
 }
 
