@@ -52,8 +52,11 @@ vet: lint-tools
 	cd bench && $(STATICCHECK) ./...
 
 # staticcheck, pinned, installed from the Go module proxy when this exact
-# version is not on the PATH or in GOBIN.
+# version is not on the PATH or in GOBIN. The proxy serves it by its module
+# version (v0.8.2), not by its release name (2026.2.2): ask for the first,
+# check the second.
 STATICCHECK_VERSION ?= 2026.2.2
+STATICCHECK_MODULE_VERSION ?= v0.8.2
 GOBIN_DIR := $(shell $(GO) env GOBIN)
 GOBIN_DIR := $(if $(GOBIN_DIR),$(GOBIN_DIR),$(shell $(GO) env GOPATH)/bin)
 STATICCHECK ?= $(GOBIN_DIR)/staticcheck
@@ -61,7 +64,7 @@ STATICCHECK ?= $(GOBIN_DIR)/staticcheck
 lint-tools:
 	@if ! $(STATICCHECK) -version 2>/dev/null | grep -q '^staticcheck $(STATICCHECK_VERSION) '; then \
 		echo "installing staticcheck $(STATICCHECK_VERSION)"; \
-		$(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION); \
+		$(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_MODULE_VERSION); \
 	fi
 
 services:
