@@ -13,8 +13,8 @@ import (
 
 	"github.com/stepcollect/stepcollect/app"
 	"github.com/stepcollect/stepcollect/events"
-	"github.com/stepcollect/stepcollect/internal/scrape"
 	"github.com/stepcollect/stepcollect/internal/testkit"
+	"github.com/stepcollect/stepcollect/internal/testkit/scrape"
 )
 
 // gauge reads metric name from the /metrics of addr.

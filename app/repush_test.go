@@ -14,8 +14,8 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/stepcollect/stepcollect/app"
-	"github.com/stepcollect/stepcollect/internal/scrape"
 	"github.com/stepcollect/stepcollect/internal/testkit"
+	"github.com/stepcollect/stepcollect/internal/testkit/scrape"
 )
 
 func TestRePushFlagsTakeTheEnvironmentAndDefaultToNanoCMDs(t *testing.T) {

@@ -19,8 +19,8 @@ import (
 
 	"gopkg.in/yaml.v3"
 
-	"github.com/stepcollect/stepcollect/internal/scrape"
 	"github.com/stepcollect/stepcollect/internal/testkit"
+	"github.com/stepcollect/stepcollect/internal/testkit/scrape"
 )
 
 func requirePromtool(t *testing.T) string {

@@ -11,8 +11,8 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 
-	"github.com/stepcollect/stepcollect/internal/scrape"
 	"github.com/stepcollect/stepcollect/internal/testkit"
+	"github.com/stepcollect/stepcollect/internal/testkit/scrape"
 )
 
 // refRow is one row of a table in docs/reference.md: its cells, the first

@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/stepcollect/stepcollect/events"
-	"github.com/stepcollect/stepcollect/internal/scrape"
 	"github.com/stepcollect/stepcollect/internal/testkit"
+	"github.com/stepcollect/stepcollect/internal/testkit/scrape"
 )
 
 func TestMain(m *testing.M) {

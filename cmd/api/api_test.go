@@ -6,8 +6,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/stepcollect/stepcollect/internal/scrape"
 	"github.com/stepcollect/stepcollect/internal/testkit"
+	"github.com/stepcollect/stepcollect/internal/testkit/scrape"
 )
 
 var apiBin string

@@ -12,8 +12,8 @@ import (
 
 	"github.com/hibiken/asynq"
 
-	"github.com/stepcollect/stepcollect/internal/scrape"
 	"github.com/stepcollect/stepcollect/internal/testkit"
+	"github.com/stepcollect/stepcollect/internal/testkit/scrape"
 	stepmysql "github.com/stepcollect/stepcollect/storage/mysql"
 	"github.com/stepcollect/stepcollect/tasks"
 )

@@ -9,8 +9,8 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 
-	"github.com/stepcollect/stepcollect/internal/testha"
 	"github.com/stepcollect/stepcollect/internal/testkit"
+	"github.com/stepcollect/stepcollect/internal/testkit/testha"
 )
 
 // quick503 is how soon a webhook that cannot be committed must be answered

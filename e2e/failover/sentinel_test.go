@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stepcollect/stepcollect/internal/testha"
 	"github.com/stepcollect/stepcollect/internal/testkit"
+	"github.com/stepcollect/stepcollect/internal/testkit/testha"
 )
 
 // Redis behind Sentinel: a primary (redis-a), its replica (redis-b) and

@@ -31,8 +31,8 @@ import (
 	"github.com/go-sql-driver/mysql"
 	"github.com/hibiken/asynq"
 
-	"github.com/stepcollect/stepcollect/internal/tcpproxy"
 	"github.com/stepcollect/stepcollect/internal/testkit"
+	"github.com/stepcollect/stepcollect/internal/testkit/tcpproxy"
 	"github.com/stepcollect/stepcollect/tasks"
 )
 

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stepcollect/stepcollect/internal/scrape"
+	"github.com/stepcollect/stepcollect/internal/testkit/scrape"
 )
 
 // Guarantee 8 of docs/reference.md ("Guarantees"), which the fault tests hold the service to.
