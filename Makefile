@@ -27,9 +27,12 @@ test: vet
 # The suites that use the database again, on MySQL 9.7 LTS beside `make
 # test`'s MariaDB: scripts/mysql.sh brings it up on 127.0.0.1:3307 (a chroot,
 # made once, as root) where it does not answer. `make run` never needs it.
+# e2e/failover and testha start a private server of the suite's kind: a
+# mysqld of their own from the same chroot here, a mariadbd in `make test`
+# (which never needs the chroot).
 MYSQL_TEST_DSN  ?= root@tcp(127.0.0.1:3307)/
 MYSQL_TEST_PKGS ?= ./storage/... ./httpapi ./app ./collector ./delivery ./cmd/... ./examples ./deploy \
-                   ./e2e ./e2e/pace ./e2e/recovery
+                   ./e2e ./e2e/pace ./e2e/recovery ./e2e/failover ./internal/testkit/testha
 test-mysql:
 	bash scripts/services.sh --mysql
 	STEPCOLLECT_TEST_MYSQL_DSN='$(MYSQL_TEST_DSN)' $(GO) test -race -count=1 $(MYSQL_TEST_PKGS)

@@ -5,9 +5,17 @@
 //     real processes): the primary SIGKILLed in the middle of a fan-out,
 //     then, once it is back as a replica, a failover back to it asked of
 //     Sentinel (sentinel_test.go);
-//   - MySQL refusing writes for a while (GLOBAL read_only on a private
-//     mariadbd, as a managed service does to the old primary while it
-//     fails over) (readonly_test.go).
+//   - MySQL refusing writes for a while (read_only on a private server, as
+//     a managed service does to the old primary while it fails over)
+//     (readonly_test.go);
+//   - MySQL killed (SIGKILL) and started again on the same datadir a few
+//     seconds later, crash recovery included (restart_test.go).
+//
+// The MySQL tests run on a private server of the suite's kind
+// (testha.StartSQLServer): mariadbd under `make test`, Oracle MySQL 9.7's
+// mysqld (scripts/mysql.sh's chroot) under `make test-mysql`, so CI runs
+// them on both. The two differ in how a server is made read-only
+// (read_only against super_read_only) and in how long a restart takes.
 //
 // Each round enqueues a step of its own to each of N enrollments (default
 // 300, STEPCOLLECT_FAILOVER_N) and one step shared by all of them, then

@@ -32,6 +32,29 @@ func TestRetryReasonClassifiesWhatIsWorthRetrying(t *testing.T) {
 	}
 }
 
+// A read-only server's refusals, as MariaDB and MySQL word them (1290 for
+// read_only and MySQL's super_read_only, 1792 in a read-only transaction,
+// 1836 InnoDB read-only): not worth an immediate retry (the server stays
+// read-only for seconds; with rejectReadOnly=true the driver turns them
+// into broken connections, which are retried), and not the input's fault,
+// so the api answers 503, never a 4xx, and the sender tries again later.
+func TestReadOnlyRefusalsAreNeitherRetriedNorTheInputsFault(t *testing.T) {
+	for _, me := range []*mysql.MySQLError{
+		{Number: 1290, Message: "The MySQL server is running with the --super-read-only option so it cannot execute this statement"},
+		{Number: 1290, Message: "The MariaDB server is running with the --read-only option so it cannot execute this statement"},
+		{Number: 1792, Message: "Cannot execute statement in a READ ONLY transaction."},
+		{Number: 1836, Message: "Running in read-only mode"},
+	} {
+		err := fmt.Errorf("storing result: %w", me)
+		if got := retryReason(err); got != "" {
+			t.Errorf("retryReason(%v) = %q, want no retry", me, got)
+		}
+		if code := storage.ErrorCode(dataError(err)); code != "" {
+			t.Errorf("dataError(%v) has code %q: a read-only server is not the input's fault", me, code)
+		}
+	}
+}
+
 func TestExpandWritesOutEachList(t *testing.T) {
 	got := expand("SELECT 1 WHERE a IN (?) AND b = ? AND (c, d) IN ((?, ?)) AND e IN (?)", 3, 2, 1)
 	want := "SELECT 1 WHERE a IN (?, ?, ?) AND b = ? AND (c, d) IN ((?, ?), (?, ?)) AND e IN (?)"

@@ -1,13 +1,16 @@
 // Package testha starts the highly available setups stepcollect runs on,
 // as private processes for one test: a Redis primary with a replica and
-// Sentinels (sentinel.go), and a MariaDB server of the test's own
-// (mariadb.go), whose GLOBAL settings the test may change without touching
-// the shared server. Everything listens on 127.0.0.1, on free ports, keeps
-// its files in the test's temporary directory and is killed when the test
-// ends.
+// Sentinels (sentinel.go), and a MySQL-protocol server of the test's own
+// (sqlserver.go), whose GLOBAL settings the test may change, and which it
+// may kill, without touching the shared server: the machine's mariadbd
+// (mariadb.go) or Oracle MySQL's mysqld from scripts/mysql.sh's chroot
+// (mysql.go), whichever the suite runs on (SuiteKind). Everything listens
+// on 127.0.0.1, on free ports, keeps its files in a temporary directory
+// and is killed when the test ends.
 //
-// A missing binary skips the test, except under CI=true, where it fails:
-// CI must never pass by skipping (.ci/run installs them).
+// A missing binary (or MySQL's chroot) skips the test, except under
+// CI=true, where it fails: CI must never pass by skipping (.ci/run
+// installs them, and `make test-mysql` brings up the chroot).
 package testha
 
 import (

@@ -1,0 +1,204 @@
+package testha
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+
+	"github.com/stepcollect/stepcollect/internal/testkit"
+)
+
+// Kind is which server a SQLServer runs: the failover tests hold the
+// service to the same promises on both, and the servers differ in what
+// they refuse and how (see SetReadOnly).
+type Kind string
+
+const (
+	MariaDB Kind = "mariadb" // the machine's mariadbd (StartMariaDB)
+	MySQL   Kind = "mysql"   // Oracle MySQL's mysqld in scripts/mysql.sh's chroot (StartMySQL)
+)
+
+// SuiteKind is the kind of the server the suite runs on: MariaDB by
+// default (`make test`), and whatever STEPCOLLECT_TEST_MYSQL_DSN answers
+// when it is set (`make test-mysql` points it at MySQL 9.7), asked of the
+// server itself: the variable names a MySQL-protocol server, either kind.
+func SuiteKind(t testing.TB) Kind {
+	t.Helper()
+	if os.Getenv("STEPCOLLECT_TEST_MYSQL_DSN") == "" {
+		return MariaDB
+	}
+	testkit.RequireMySQL(t)
+	db, err := sql.Open("mysql", testkit.ServerDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var version string
+	if err := db.QueryRow("SELECT VERSION()").Scan(&version); err != nil {
+		t.Fatalf("asking %s its version: %v", testkit.ServerDSN(), err)
+	}
+	if strings.Contains(version, "MariaDB") {
+		return MariaDB
+	}
+	return MySQL
+}
+
+// StartSQLServer starts a private server of the suite's kind (SuiteKind):
+// the failover tests run on MariaDB in `make test` and on MySQL in `make
+// test-mysql`, so CI runs both and neither target needs the other's server.
+func StartSQLServer(t testing.TB) *SQLServer {
+	t.Helper()
+	if SuiteKind(t) == MySQL {
+		return StartMySQL(t)
+	}
+	return StartMariaDB(t)
+}
+
+// SQLServer is a MySQL-protocol server of one test's own, with a fresh
+// datadir, so that the test may change GLOBAL settings such as read_only,
+// which the shared server's other users must never see, and kill it.
+type SQLServer struct {
+	Kind Kind
+	Port int
+	// Admin is a pool on the server as root (every privilege: read_only
+	// alone does not hold it back on either kind).
+	Admin *sql.DB
+
+	t        testing.TB
+	proc     *process
+	errorLog string // the server's error log, as this process sees it
+	// admin is where root connects: net and address (TCP on MariaDB, the
+	// socket on MySQL, whose root@localhost does not match 127.0.0.1)
+	adminNet, adminAddr string
+}
+
+// launch starts s.proc, waits until root's pool answers, and arranges for
+// the server to be killed when t ends (before its datadir is removed by the
+// caller's earlier cleanup: the datadir is thrown away, so a clean shutdown
+// would only cost time).
+func (s *SQLServer) launch() {
+	t := s.t
+	t.Helper()
+	t.Cleanup(func() {
+		if s.Admin != nil {
+			s.Admin.Close()
+		}
+		s.proc.stop(syscall.SIGKILL, 10*time.Second)
+		if t.Failed() {
+			b, _ := os.ReadFile(s.errorLog)
+			t.Logf("private %s error log:\n%s%s", s.Kind, s.proc.logs.String(), b)
+		}
+	})
+	cfg := mysql.NewConfig()
+	cfg.User, cfg.Net, cfg.Addr = "root", s.adminNet, s.adminAddr
+	var err error
+	if s.Admin, err = sql.Open("mysql", cfg.FormatDSN()); err != nil {
+		t.Fatal(err)
+	}
+	s.Admin.SetMaxOpenConns(4)
+	if err := s.start(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// start runs the server's process and waits (up to a minute: MySQL's crash
+// recovery after Kill included) until root's pool answers.
+func (s *SQLServer) start() error {
+	if err := s.proc.start(); err != nil {
+		return fmt.Errorf("starting %s: %w", s.Kind, err)
+	}
+	var err error
+	testkit.Watch(time.Now().Add(60*time.Second), func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		err = s.Admin.PingContext(ctx)
+		cancel()
+		return err == nil || !s.proc.running() // a process that is gone will not answer
+	})
+	if err != nil {
+		b, _ := os.ReadFile(s.errorLog)
+		return fmt.Errorf("private %s did not answer on port %d: %v\n%s%s", s.Kind, s.Port, err, s.proc.logs.String(), b)
+	}
+	return nil
+}
+
+// Kill stops the server with SIGKILL, as a crash or an OOM kill does: no
+// goodbye to its clients, InnoDB's crash recovery on the next start.
+func (s *SQLServer) Kill() { s.proc.stop(syscall.SIGKILL, 10*time.Second) }
+
+// Restart starts a killed server again, on the same port, datadir and
+// flags, and returns once root's pool answers.
+func (s *SQLServer) Restart() error {
+	if s.proc.running() {
+		return fmt.Errorf("restarting %s: it still runs; Kill it first", s.Kind)
+	}
+	return s.start()
+}
+
+// Running reports whether the server's process runs.
+func (s *SQLServer) Running() bool { return s.proc.running() }
+
+// NewDatabase creates a database and a user that holds every privilege on
+// it and none on the server (no SUPER, CONNECTION_ADMIN or READ_ONLY
+// ADMIN): the account an application gets from a managed service, refused
+// by read_only as such an account is while a failover runs. It returns a
+// DSN for that user and database (TCP, parseTime=true, then whatever
+// adjust sets), and root's DSN of the same database, for the test's own
+// queries.
+func (s *SQLServer) NewDatabase(t testing.TB, adjust func(*mysql.Config)) (appDSN, rootDSN string) {
+	t.Helper()
+	b := make([]byte, 5)
+	rand.Read(b)
+	suffix := hex.EncodeToString(b)
+	name, user, pass := "ha_"+suffix, "app_"+suffix, "pw-"+suffix
+	for _, q := range []string{
+		"CREATE DATABASE " + name,
+		fmt.Sprintf("CREATE USER '%s'@'127.0.0.1' IDENTIFIED BY '%s'", user, pass),
+		fmt.Sprintf("GRANT ALL PRIVILEGES ON %s.* TO '%s'@'127.0.0.1'", name, user),
+	} {
+		if _, err := s.Admin.Exec(q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	cfg := mysql.NewConfig()
+	cfg.User, cfg.Passwd, cfg.Net, cfg.Addr, cfg.DBName = user, pass, "tcp", fmt.Sprintf("127.0.0.1:%d", s.Port), name
+	cfg.ParseTime = true
+	if adjust != nil {
+		adjust(cfg)
+	}
+	root := mysql.NewConfig()
+	root.User, root.Net, root.Addr, root.DBName, root.ParseTime = "root", s.adminNet, s.adminAddr, name, true
+	return cfg.FormatDSN(), root.FormatDSN()
+}
+
+// SetReadOnly makes the server refuse writes, as a managed service does to
+// the old primary during a failover, or accept them again. On MariaDB that
+// is read_only, which holds back every user without READ_ONLY ADMIN. On
+// MySQL it is super_read_only (which sets read_only too), as MySQL's own
+// failover tooling sets it: read_only alone lets SUPER and CONNECTION_ADMIN
+// write, root included. Either way the server answers a refused write
+// with error 1290 (ER_OPTION_PREVENTS_STATEMENT), naming the option.
+func (s *SQLServer) SetReadOnly(on bool) error {
+	var q string
+	switch {
+	case s.Kind == MySQL && on:
+		q = "SET GLOBAL super_read_only = ON"
+	case on:
+		q = "SET GLOBAL read_only = ON"
+	default:
+		// on MySQL, read_only OFF turns super_read_only off too
+		q = "SET GLOBAL read_only = OFF"
+	}
+	if _, err := s.Admin.Exec(q); err != nil {
+		return fmt.Errorf("%s on the private %s: %w", q, s.Kind, err)
+	}
+	return nil
+}
