@@ -44,7 +44,7 @@ func addCommonFlags(s *config.Set) *commonFlags {
 	// (the container health check) instead of starting
 	s.Switch("probe", "GET this binary's own /readyz (the api's -listen, the worker's -metrics-listen) and exit 0 if it answers 200, else 1; starts nothing")
 	s.Check(config.MySQLDSN("mysql-dsn", f.dsn))
-	s.Check(config.RedisURL("redis-url", f.redis))
+	s.Check(config.RedisURL("redis-url", f.redis, func(u string) error { _, err := asynq.ParseRedisURI(u); return err }))
 	s.Check(func() error {
 		if *f.maxConns < 2 {
 			return fmt.Errorf("-mysql-max-conns: %d is less than 2", *f.maxConns)
@@ -182,7 +182,7 @@ func readyChecks(db *sql.DB, enq *tasks.Enqueuer, needRedis bool, secrets []stri
 // newMetrics is the full metric set, with asynq's queues read through an
 // Inspector that gives up quickly when Redis is down.
 func newMetrics(redisOpt asynq.RedisConnOpt) *metrics.Set {
-	return metrics.New(asynq.NewInspector(tasks.WithFastFailure(redisOpt)), tasks.TaskTypes(), tasks.AllQueues()...)
+	return metrics.New(tasks.NewQueueReader(redisOpt), tasks.TaskTypes(), tasks.AllQueues()...)
 }
 
 // mysqlLogger routes go-sql-driver's own messages (broken connections) to

@@ -102,8 +102,8 @@ func ParseWorkerConfig(args []string, getenv func(string) string) (WorkerConfig,
 	}, s, nil
 }
 
-// Worker is the asynq servers that collect steps and deliver events, and
-// the tickers of the sweeper and the scheduler.
+// Worker is the asynq server that collects steps, the outbox's dispatcher
+// that delivers events, and the tickers of the sweeper and the scheduler.
 type Worker struct {
 	cfg        WorkerConfig
 	redisOpt   asynq.RedisConnOpt
@@ -113,8 +113,6 @@ type Worker struct {
 	enq        *tasks.Enqueuer
 	srv        *asynq.Server // collection, sweeps, schedules
 	mux        *asynq.ServeMux
-	deliverer  *asynq.Server // deliveries, so a hung receiver never holds up collection
-	deliverMux *asynq.ServeMux
 	sweeper    *collector.Sweeper
 	dispatcher *delivery.Dispatcher
 	scheduler  *scheduler.Scheduler
@@ -150,16 +148,9 @@ func NewWorker(ctx context.Context, cfg WorkerConfig, logger zerolog.Logger) (*W
 	w.srv = asynq.NewServer(redisOpt, asynqConfig(cfg, tasks.Queues(), logger.With().Str("component", "asynq").Logger()))
 
 	deliverer := delivery.New(delivery.Config{URL: cfg.CallbackURL, HMACKey: []byte(cfg.CallbackHMACKey)},
-		store, m.Delivery, logger.With().Str("component", "delivery").Logger())
+		m.Delivery, logger.With().Str("component", "delivery").Logger())
 	w.dispatcher = delivery.NewDispatcher(delivery.DispatchConfig{Drain: cfg.ShutdownTimeout,
 		MaxAttempts: cfg.MaxDeliveryAttempts, MaxAge: cfg.MaxDeliveryAge}, deliverer, store)
-	// Per-event deliver tasks are no longer enqueued; this drains any that
-	// an older api or worker left on the queue.
-	deliverMux := asynq.NewServeMux()
-	deliverMux.Handle(tasks.TypeDeliver, deliverer)
-	w.deliverer = asynq.NewServer(redisOpt, asynqConfig(cfg, map[string]int{tasks.QueueDeliver: 1},
-		logger.With().Str("component", "asynq_delivery").Logger()))
-	w.deliverMux = deliverMux
 
 	w.ln, err = net.Listen("tcp", cfg.MetricsListen)
 	if err != nil {
@@ -189,10 +180,6 @@ func (w *Worker) Run(ctx context.Context) error {
 	if err := w.srv.Start(w.mux); err != nil {
 		return fmt.Errorf("starting asynq server: %w", err)
 	}
-	if err := w.deliverer.Start(w.deliverMux); err != nil {
-		w.srv.Shutdown()
-		return fmt.Errorf("starting asynq delivery server: %w", err)
-	}
 	tickers := make(chan struct{}, 4)
 	go func() { w.sweepAtStart(ctx); w.sweeper.Run(ctx); tickers <- struct{}{} }()
 	go func() { w.sweepOnQueueLoss(ctx); tickers <- struct{}{} }()
@@ -220,7 +207,6 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	w.logger.Info().Msg("worker stopping")
 	w.srv.Shutdown()
-	w.deliverer.Shutdown()
 	<-tickers
 	<-tickers
 	<-tickers

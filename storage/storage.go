@@ -160,15 +160,6 @@ type OutboxEvent struct {
 	Age time.Duration
 }
 
-// EventSink learns of events the storage wrote to the outbox, after the
-// transaction that wrote them committed, to put their delivery on the
-// queue. Like the Collector, its error is logged, never returned: the
-// events are committed and stay in the outbox. The service does not use
-// one: its worker polls the outbox (delivery.Dispatcher).
-type EventSink interface {
-	EventsWritten(ctx context.Context, refs []OutboxRef) error
-}
-
 // Gauges are the figures every replica exports at scrape time, read from
 // the database so that whichever replica serves them, they are current.
 type Gauges struct {

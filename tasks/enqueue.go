@@ -33,10 +33,7 @@ type Enqueuer struct {
 // after a recent failure.
 var ErrRedisCoolingDown = errors.New("redis unavailable a moment ago; not retrying yet (the sweeper will find the work)")
 
-var (
-	_ storage.Collector = (*Enqueuer)(nil)
-	_ storage.EventSink = (*Enqueuer)(nil)
-)
+var _ storage.Collector = (*Enqueuer)(nil)
 
 // EnqueuerOption configures an Enqueuer.
 type EnqueuerOption func(*Enqueuer)
@@ -84,24 +81,6 @@ func (e *Enqueuer) CollectSteps(ctx context.Context, steps []storage.Unreference
 		return err
 	}
 	return e.enqueue(ctx, t, opts)
-}
-
-// EventsWritten enqueues one delivery task per event. It implements
-// storage.EventSink for a library user who wants per-event tasks; the
-// service does not use it (the worker's dispatcher polls the outbox). It
-// stops at the first failure: the rest would fail too, and the events stay
-// in the outbox.
-func (e *Enqueuer) EventsWritten(ctx context.Context, refs []storage.OutboxRef) error {
-	for _, ref := range refs {
-		t, opts, err := NewDeliverTask(ref)
-		if err != nil {
-			return err
-		}
-		if err := e.enqueue(ctx, t, opts); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 // EnqueueSchedule enqueues the schedule task of the slot starting at slot.

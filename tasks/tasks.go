@@ -56,27 +56,24 @@ const (
 	TypeCollect  = "stepcollect:collect"
 	TypeSweep    = "stepcollect:sweep"
 	TypeSchedule = "stepcollect:schedule"
-	TypeDeliver  = "stepcollect:deliver"
 )
 
 // TaskTypes lists every task type, for metrics labels.
-func TaskTypes() []string { return []string{TypeCollect, TypeSweep, TypeSchedule, TypeDeliver} }
+func TaskTypes() []string { return []string{TypeCollect, TypeSweep, TypeSchedule} }
 
 // Queues. Sweeps and schedules have their own queue so a backlog of collect
 // tasks never delays the sweep that would find what the backlog cannot.
-// Deliveries have their own queue, served by their own asynq server in the
-// worker, so a slow or hung callback receiver never holds up collection.
+// Events are not queued: the worker's dispatcher polls the outbox.
 const (
 	QueueCollect = "stepcollect"
 	QueueSweep   = "stepcollect_sweep"
-	QueueDeliver = "stepcollect_deliver"
 )
 
 // Queues returns the worker's collection queues with their priorities.
 func Queues() map[string]int { return map[string]int{QueueCollect: 6, QueueSweep: 4} }
 
 // AllQueues lists every queue, for metrics.
-func AllQueues() []string { return []string{QueueCollect, QueueSweep, QueueDeliver} }
+func AllQueues() []string { return []string{QueueCollect, QueueSweep} }
 
 // PayloadVersion is the version of the payloads this build writes. A
 // handler refuses versions it does not know, without retrying, so a rolling
@@ -117,21 +114,6 @@ func (p CollectPayload) UnreferencedSteps() []storage.UnreferencedStep {
 type SweepPayload struct {
 	Version int       `json:"v"`
 	Slot    time.Time `json:"slot"`
-}
-
-// DeliverPayload asks for one outbox event to be delivered (written by
-// builds before the outbox dispatcher; still read).
-type DeliverPayload struct {
-	Version int          `json:"v"`
-	Event   DeliverEvent `json:"event"`
-}
-
-// DeliverEvent names the outbox row of a deliver payload.
-type DeliverEvent struct {
-	ID       int64  `json:"id"`
-	EventID  string `json:"event_id"`
-	Type     string `json:"type"`
-	Attempts int    `json:"attempts"`
 }
 
 // Collect options: retried soon (CollectRetryDelay) when MySQL fails or a
@@ -198,48 +180,6 @@ func newSlotTask(typ, idPrefix string, slot time.Time, interval time.Duration) (
 	}, nil
 }
 
-// Delivery options. Retries back off exponentially, deterministically, so
-// the handler can lease the event for exactly as long as asynq waits.
-const (
-	DeliverMaxRetry = 8
-	deliverTimeout  = 45 * time.Second // the callback's 30 s and some
-)
-
-// NewDeliverTask builds the delivery task of one outbox event. The event's
-// lease in the outbox keeps two deliveries apart; the TaskID, which names
-// the row and its attempts so far, keeps the sweeper from queueing the same
-// offer twice while the first still waits behind a backlog. After a real
-// attempt the count moves on, and a new offer is a new task.
-func NewDeliverTask(ref storage.OutboxRef) (*asynq.Task, []asynq.Option, error) {
-	b, err := json.Marshal(DeliverPayload{Version: PayloadVersion,
-		Event: DeliverEvent{ID: ref.ID, EventID: ref.EventID, Type: ref.Type, Attempts: ref.Attempts}})
-	if err != nil {
-		return nil, nil, err
-	}
-	return asynq.NewTask(TypeDeliver, b), []asynq.Option{
-		asynq.Queue(QueueDeliver), asynq.MaxRetry(DeliverMaxRetry), asynq.Timeout(deliverTimeout),
-		asynq.TaskID(fmt.Sprintf("deliver:%d:%d", ref.ID, ref.Attempts)),
-	}, nil
-}
-
-// ParseDeliver reads a delivery task's payload.
-func ParseDeliver(t *asynq.Task) (DeliverPayload, error) {
-	var p DeliverPayload
-	if err := json.Unmarshal(t.Payload(), &p); err != nil {
-		return p, fmt.Errorf("deliver payload: %v: %w", err, asynq.SkipRetry)
-	}
-	if p.Version != PayloadVersion || p.Event.ID < 1 {
-		return p, fmt.Errorf("deliver payload version %d, event %d: %w: %w", p.Version, p.Event.ID, ErrUnknownVersion, asynq.SkipRetry)
-	}
-	return p, nil
-}
-
-// DeliverRetryDelay is how long asynq waits before retry n+1 of a delivery
-// that has been retried n times: 2, 4, 8 … seconds, at most two minutes.
-func DeliverRetryDelay(n int) time.Duration {
-	return min(time.Duration(1<<min(n+1, 16))*time.Second, 2*time.Minute)
-}
-
 // CollectRetryDelay is how long asynq waits before retry n+1 of a collect
 // task: 1, 2, 4 … seconds, at most 8. A collect task fails mostly because
 // a claim kept being skipped (a lock held for milliseconds) or MySQL
@@ -250,14 +190,10 @@ func CollectRetryDelay(n int) time.Duration {
 	return min(time.Second<<min(n, 16), 8*time.Second)
 }
 
-// RetryDelay is the worker's asynq RetryDelayFunc: deliveries and collect
-// tasks back off as DeliverRetryDelay and CollectRetryDelay say, everything
-// else as asynq does by default.
+// RetryDelay is the worker's asynq RetryDelayFunc: collect tasks back off
+// as CollectRetryDelay says, everything else as asynq does by default.
 func RetryDelay(n int, err error, t *asynq.Task) time.Duration {
-	switch t.Type() {
-	case TypeDeliver:
-		return DeliverRetryDelay(n)
-	case TypeCollect:
+	if t.Type() == TypeCollect {
 		return CollectRetryDelay(n)
 	}
 	return asynq.DefaultRetryDelayFunc(n, err, t)

@@ -92,12 +92,14 @@ func TestPayloadWireFormat(t *testing.T) {
 	if got, want := string(task.Payload()), `{"v":1,"steps":[{"id":7,"observed_at":"2026-11-29T12:00:00Z"}]}`; got != want {
 		t.Errorf("collect payload\n got %s\nwant %s", got, want)
 	}
-	task, _, err = tasks.NewDeliverTask(storage.OutboxRef{ID: 3, EventID: "e", Type: "step.completed", Attempts: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got, want := string(task.Payload()), `{"v":1,"event":{"id":3,"event_id":"e","type":"step.completed","attempts":2}}`; got != want {
-		t.Errorf("deliver payload\n got %s\nwant %s", got, want)
+	for _, mk := range []func(time.Time, time.Duration) (*asynq.Task, []asynq.Option, error){tasks.NewSweepTask, tasks.NewScheduleTask} {
+		task, _, err = mk(at, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, want := string(task.Payload()), `{"v":1,"slot":"2026-11-29T12:00:00Z"}`; got != want {
+			t.Errorf("%s payload\n got %s\nwant %s", task.Type(), got, want)
+		}
 	}
 	p, err := tasks.ParseCollect(asynq.NewTask(tasks.TypeCollect, []byte(`{"v":1,"steps":[{"id":9,"observed_at":"2026-11-29T12:00:00Z"}]}`)))
 	if err != nil || len(p.UnreferencedSteps()) != 1 || p.UnreferencedSteps()[0].ID != 9 || !p.UnreferencedSteps()[0].ObservedAt.Equal(at) {

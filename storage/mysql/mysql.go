@@ -47,7 +47,6 @@ type Storage struct {
 	observer  storage.Observer
 	txOpts    *sql.TxOptions
 	outbox    bool
-	sink      storage.EventSink
 	steps     *stepCache
 	// maxPacket is the server's max_allowed_packet (or WithMaxPacket's),
 	// which every statement and so every event must fit.
@@ -69,7 +68,6 @@ type config struct {
 	isolation   sql.IsolationLevel
 	maxAttempts int
 	outbox      bool
-	sink        storage.EventSink
 	maxPacket   int
 }
 
@@ -109,10 +107,6 @@ func WithIsolation(l sql.IsolationLevel) Option { return func(c *config) { c.iso
 // directly, does not need it.
 func WithOutbox() Option { return func(c *config) { c.outbox = true } }
 
-// WithEventSink tells sink, after each commit, which events it wrote to the
-// outbox, so their delivery can be queued at once.
-func WithEventSink(sink storage.EventSink) Option { return func(c *config) { c.sink = sink } }
-
 // WithMaxAttempts bounds how many times one transaction is tried when it hits
 // a deadlock, a lock wait timeout or a broken connection. Default 10.
 func WithMaxAttempts(n int) Option { return func(c *config) { c.maxAttempts = n } }
@@ -136,7 +130,6 @@ func New(opts ...Option) (*Storage, error) {
 		collector:   cfg.collector,
 		observer:    cfg.observer,
 		outbox:      cfg.outbox,
-		sink:        cfg.sink,
 		steps:       newStepCache(4096, 10*time.Minute),
 		maxAttempts: max(cfg.maxAttempts, 1),
 		backoffBase: 5 * time.Millisecond,
