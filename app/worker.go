@@ -252,7 +252,7 @@ func (w *Worker) sweepOnQueueLoss(ctx context.Context) {
 		}
 		w.logger.Info().Str(logkeys.Reason, reason).Int("examined", res.Examined).Int("collected", res.Collected).Msg("swept after a possible queue loss")
 	}
-	tasks.WatchQueueLoss(ctx, w.redisOpt, time.Second, w.logger, func(reason string) {
+	collector.WatchQueueLoss(ctx, w.redisOpt, time.Second, w.logger, func(reason string) {
 		sweep(reason)
 		// once more a little later: after a failover, an api that heard of
 		// the new primary after this worker may still have handed steps to

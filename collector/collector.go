@@ -20,7 +20,7 @@ import (
 type Store interface {
 	// Collect deletes those of steps nothing refers to; a step referenced,
 	// claimed elsewhere or gone is not an error.
-	Collect(ctx context.Context, steps []storage.UnreferencedStep) (storage.CollectResult, error)
+	Collect(ctx context.Context, steps []storage.ReleasedStep) (storage.CollectResult, error)
 }
 
 // Handler processes collect tasks. The storage's observer records
@@ -49,7 +49,7 @@ func (h *Handler) ProcessTask(ctx context.Context, t *asynq.Task) error {
 	for i, st := range p.Steps {
 		ids[i] = st.ID
 	}
-	res, err := h.store.Collect(ctx, p.UnreferencedSteps())
+	res, err := h.store.Collect(ctx, p.ReleasedSteps())
 	if err != nil {
 		h.logger.Warn().Err(err).Ints64(logkeys.StepIDs, ids).Msg("collecting steps; asynq will retry")
 		return fmt.Errorf("collect task: %w", err)

@@ -75,7 +75,7 @@ type SweepResult struct {
 
 // ProcessTask implements asynq.Handler for sweep tasks.
 func (s *Sweeper) ProcessTask(ctx context.Context, t *asynq.Task) error {
-	p, err := tasks.ParseSweep(t)
+	p, err := tasks.ParseSlot(t)
 	if err != nil {
 		s.logger.Error().Err(err).Msg("unreadable sweep task")
 		return err
@@ -114,11 +114,11 @@ func (s *Sweeper) Sweep(ctx context.Context) (SweepResult, error) {
 			continue
 		}
 		res.Unreferenced += len(page.Found)
-		steps := make([]storage.UnreferencedStep, len(page.Found))
+		steps := make([]storage.ReleasedStep, len(page.Found))
 		for i, id := range page.Found {
 			// when it became unreferenced is not known here; the lag
 			// histogram only counts steps whose hand-off carried it
-			steps[i] = storage.UnreferencedStep{ID: id}
+			steps[i] = storage.ReleasedStep{ID: id}
 		}
 		cr, err := s.store.Collect(ctx, steps)
 		res.Collected += cr[storage.CollectCollected]

@@ -11,7 +11,7 @@
 // is still active.
 //
 // So collect tasks carry no TaskID at all. Each process gathers the steps
-// its commits released for a few milliseconds (Handoff) and enqueues one
+// its commits released for a few milliseconds (collector.Handoff) and enqueues one
 // task for all of them, off the request path. The task checks each step
 // without a lock, claims the unreferenced ones with FOR UPDATE SKIP LOCKED
 // and deletes them. The last release of a step is handed over after the
@@ -24,7 +24,7 @@
 //
 // What the queue cannot protect against, it does not try to: a hand-off
 // lost outright (a process killed between commit and enqueue, or more
-// released steps than Handoff keeps while Redis is down) is found by the
+// released steps than the hand-off keeps while Redis is down) is found by the
 // sweeper, which pages through the steps table.
 //
 // # Why sweeps do not multiply with replicas
@@ -100,18 +100,19 @@ type CollectStep struct {
 	ObservedAt time.Time `json:"observed_at"`
 }
 
-// UnreferencedSteps is the payload's steps as the storage takes them.
-func (p CollectPayload) UnreferencedSteps() []storage.UnreferencedStep {
-	out := make([]storage.UnreferencedStep, len(p.Steps))
+// ReleasedSteps is the payload's steps as the storage takes them.
+func (p CollectPayload) ReleasedSteps() []storage.ReleasedStep {
+	out := make([]storage.ReleasedStep, len(p.Steps))
 	for i, st := range p.Steps {
-		out[i] = storage.UnreferencedStep{ID: st.ID, ObservedAt: st.ObservedAt}
+		out[i] = storage.ReleasedStep{ID: st.ID, ObservedAt: st.ObservedAt}
 	}
 	return out
 }
 
-// SweepPayload asks for one sweep (or schedule run), for the interval slot
-// starting at Slot.
-type SweepPayload struct {
+// SlotPayload is the payload of a periodic task, a sweep or a schedule
+// run: one run for the interval slot starting at Slot (its TaskID names
+// the slot, so that replicas enqueue it once between them).
+type SlotPayload struct {
 	Version int       `json:"v"`
 	Slot    time.Time `json:"slot"`
 }
@@ -124,7 +125,7 @@ const (
 )
 
 // NewCollectTask builds the collect task for steps and its options.
-func NewCollectTask(steps []storage.UnreferencedStep) (*asynq.Task, []asynq.Option, error) {
+func NewCollectTask(steps []storage.ReleasedStep) (*asynq.Task, []asynq.Option, error) {
 	p := CollectPayload{Version: PayloadVersion, Steps: make([]CollectStep, len(steps))}
 	for i, st := range steps {
 		p.Steps[i] = CollectStep{ID: st.ID, ObservedAt: st.ObservedAt}
@@ -164,7 +165,7 @@ func NewScheduleTask(slot time.Time, interval time.Duration) (*asynq.Task, []asy
 }
 
 func newSlotTask(typ, idPrefix string, slot time.Time, interval time.Duration) (*asynq.Task, []asynq.Option, error) {
-	b, err := json.Marshal(SweepPayload{Version: PayloadVersion, Slot: slot.UTC()})
+	b, err := json.Marshal(SlotPayload{Version: PayloadVersion, Slot: slot.UTC()})
 	if err != nil {
 		return nil, nil, err
 	}
@@ -199,14 +200,14 @@ func RetryDelay(n int, err error, t *asynq.Task) time.Duration {
 	return asynq.DefaultRetryDelayFunc(n, err, t)
 }
 
-// ParseSweep reads a sweep task's payload.
-func ParseSweep(t *asynq.Task) (SweepPayload, error) {
-	var p SweepPayload
+// ParseSlot reads a sweep or schedule task's payload.
+func ParseSlot(t *asynq.Task) (SlotPayload, error) {
+	var p SlotPayload
 	if err := json.Unmarshal(t.Payload(), &p); err != nil {
-		return p, fmt.Errorf("sweep payload: %v: %w", err, asynq.SkipRetry)
+		return p, fmt.Errorf("%s payload: %v: %w", t.Type(), err, asynq.SkipRetry)
 	}
 	if p.Version != PayloadVersion {
-		return p, fmt.Errorf("sweep payload version %d: %w: %w", p.Version, ErrUnknownVersion, asynq.SkipRetry)
+		return p, fmt.Errorf("%s payload version %d: %w: %w", t.Type(), p.Version, ErrUnknownVersion, asynq.SkipRetry)
 	}
 	return p, nil
 }

@@ -317,7 +317,7 @@ func TestASkippedClaimIsCheckedAgainUntilTheStepIsGone(t *testing.T) {
 		time.Sleep(80 * time.Millisecond) // held across the first claims, released well within the retries
 		holder.Commit()
 	}()
-	res, err := b.store.Collect(ctx, []storage.UnreferencedStep{{ID: stepID, ObservedAt: time.Now()}})
+	res, err := b.store.Collect(ctx, []storage.ReleasedStep{{ID: stepID, ObservedAt: time.Now()}})
 	<-released
 	if err != nil || res[storage.CollectCollected] != 1 {
 		t.Fatalf("collect across a held lock: %v, %v; want it collected", res, err)
@@ -348,14 +348,14 @@ func TestAClaimSkippedForLongIsReportedNotDropped(t *testing.T) {
 	if err := holder.QueryRow(`SELECT id FROM steps WHERE id = ? FOR UPDATE`, stepID).Scan(&held); err != nil {
 		t.Fatal(err)
 	}
-	res, err := b.store.Collect(ctx, []storage.UnreferencedStep{{ID: stepID, ObservedAt: time.Now()}})
+	res, err := b.store.Collect(ctx, []storage.ReleasedStep{{ID: stepID, ObservedAt: time.Now()}})
 	if !errors.Is(err, storage.ErrClaimSkipped) || !strings.Contains(err.Error(), strconv.Itoa(int(stepID))) || res[storage.CollectClaimedElsewhere] != 1 {
 		t.Fatalf("collect while the row stays locked: %v, %v; want ErrClaimSkipped naming step %d", res, err, stepID)
 	}
 	if err := holder.Rollback(); err != nil {
 		t.Fatal(err)
 	}
-	if res, err := b.store.Collect(ctx, []storage.UnreferencedStep{{ID: stepID}}); err != nil || res[storage.CollectCollected] != 1 {
+	if res, err := b.store.Collect(ctx, []storage.ReleasedStep{{ID: stepID}}); err != nil || res[storage.CollectCollected] != 1 {
 		t.Fatalf("collect once the lock is gone: %v, %v", res, err)
 	}
 }
