@@ -183,7 +183,7 @@ func readyChecks(db *sql.DB, enq *tasks.Enqueuer, needRedis bool, secrets []stri
 // newMetrics is the full metric set, with asynq's queues read through an
 // Inspector that gives up quickly when Redis is down.
 func newMetrics(redisOpt asynq.RedisConnOpt) *metrics.Set {
-	return metrics.New(tasks.NewQueueReader(redisOpt), tasks.TaskTypes(), tasks.AllQueues()...)
+	return metrics.New(newQueueReader(redisOpt), tasks.TaskTypes(), tasks.AllQueues()...)
 }
 
 // mysqlLogger routes go-sql-driver's own messages (broken connections) to

@@ -19,7 +19,6 @@ import (
 	"github.com/stepcollect/stepcollect/httpapi"
 	"github.com/stepcollect/stepcollect/internal/config"
 	"github.com/stepcollect/stepcollect/internal/logging"
-	"github.com/stepcollect/stepcollect/logkeys"
 	"github.com/stepcollect/stepcollect/scheduler"
 	stepmysql "github.com/stepcollect/stepcollect/storage/mysql"
 	"github.com/stepcollect/stepcollect/tasks"
@@ -181,8 +180,8 @@ func (w *Worker) Run(ctx context.Context) error {
 		return fmt.Errorf("starting asynq server: %w", err)
 	}
 	tickers := make(chan struct{}, 4)
-	go func() { w.sweepAtStart(ctx); w.sweeper.Run(ctx); tickers <- struct{}{} }()
-	go func() { w.sweepOnQueueLoss(ctx); tickers <- struct{}{} }()
+	go func() { w.sweeper.SweepAtStart(ctx); w.sweeper.Run(ctx); tickers <- struct{}{} }()
+	go func() { w.sweeper.SweepOnQueueLoss(ctx, w.redisOpt); tickers <- struct{}{} }()
 	go func() { w.scheduler.Run(ctx); tickers <- struct{}{} }()
 	go func() { w.dispatcher.Run(ctx); tickers <- struct{}{} }()
 	callback := config.RedactURL(w.cfg.CallbackURL)
@@ -216,53 +215,6 @@ func (w *Worker) Run(ctx context.Context) error {
 	w.http.Shutdown(shutdownCtx)
 	w.logger.Info().Msg("worker stopped")
 	return err
-}
-
-// sweepAtStart sweeps once, in process, when the worker starts. A worker
-// that was killed left its collect tasks active in Redis until asynq's
-// lease (30 s) and recoverer (every minute) hand them back; its restart
-// should not wait for that. Any number of replicas starting together is
-// harmless: collection is idempotent.
-func (w *Worker) sweepAtStart(ctx context.Context) {
-	if w.cfg.SweepInterval <= 0 {
-		return
-	}
-	res, err := w.sweeper.Sweep(ctx)
-	if err != nil && ctx.Err() == nil {
-		w.logger.Warn().Err(err).Msg("sweep at start failed; the next sweep slot tries again")
-		return
-	}
-	w.logger.Info().Int("examined", res.Examined).Int("collected", res.Collected).Msg("swept at start")
-}
-
-// sweepOnQueueLoss sweeps once, in process, whenever Redis comes back after
-// failing, or comes back empty: the collect tasks it held (handed over by
-// the api, not yet taken by a worker) may be gone with it, and waiting for
-// the next sweep slot would cost up to an interval. Every replica does it;
-// collection is idempotent.
-func (w *Worker) sweepOnQueueLoss(ctx context.Context) {
-	if w.cfg.SweepInterval <= 0 {
-		return
-	}
-	sweep := func(reason string) {
-		res, err := w.sweeper.Sweep(ctx)
-		if err != nil && ctx.Err() == nil {
-			w.logger.Warn().Err(err).Str(logkeys.Reason, reason).Msg("sweep after a possible queue loss failed; the next sweep slot tries again")
-			return
-		}
-		w.logger.Info().Str(logkeys.Reason, reason).Int("examined", res.Examined).Int("collected", res.Collected).Msg("swept after a possible queue loss")
-	}
-	collector.WatchQueueLoss(ctx, w.redisOpt, time.Second, w.logger, func(reason string) {
-		sweep(reason)
-		// once more a little later: after a failover, an api that heard of
-		// the new primary after this worker may still have handed steps to
-		// the old one, which discards them when it rejoins as a replica
-		select {
-		case <-ctx.Done():
-		case <-time.After(3 * time.Second):
-			sweep(reason + " (again)")
-		}
-	})
 }
 
 // deliveryReport puts whether an operator paused delivery in /readyz's

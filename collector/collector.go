@@ -1,7 +1,10 @@
-// Package collector runs step collection off the MDM-facing path: the asynq
-// handler for collect tasks, and the sweeper that finds what a lost enqueue
-// left behind. Both are thin over the storage, which does the non-locking
-// check, the SKIP LOCKED claim and the point deletes.
+// Package collector gets released steps collected, off the MDM-facing
+// path: the api's hand-off that batches them onto the queue, the asynq
+// handler of collect tasks, and the sweeper that finds what a lost
+// hand-off left behind, on its interval, when a worker starts and when the
+// queue may have lost tasks. All are thin over the storage, which does the
+// non-locking check, the SKIP LOCKED claim and the point deletes; the
+// queue's wire formats and its enqueuer are the tasks package's.
 package collector
 
 import (

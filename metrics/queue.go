@@ -14,8 +14,8 @@ type QueueStats struct {
 	Pending, Active, Scheduled, Retry, Archived, Completed int
 }
 
-// QueueReader reads the queues at scrape time (tasks.NewQueueReader reads
-// asynq's Inspector). An interface, so that the packages that only count
+// QueueReader reads the queues at scrape time (the binaries read asynq's
+// Inspector). An interface, so that the packages that only count
 // things of their own (delivery) do not link the queue.
 type QueueReader interface {
 	// Queues names the queues that exist.
