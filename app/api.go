@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/rs/zerolog"
 
+	"github.com/stepcollect/stepcollect/collector"
 	"github.com/stepcollect/stepcollect/httpapi"
 	"github.com/stepcollect/stepcollect/internal/config"
 	"github.com/stepcollect/stepcollect/tasks"
@@ -120,7 +121,7 @@ const requestTimeout = 2 * time.Minute
 // health and metrics, on one listener.
 type API struct {
 	cfg     APIConfig
-	handoff *tasks.Handoff
+	handoff *collector.Handoff
 	logger  zerolog.Logger
 	db      *sql.DB
 	enq     *tasks.Enqueuer

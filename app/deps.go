@@ -16,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/rs/zerolog"
 
+	"github.com/stepcollect/stepcollect/collector"
 	"github.com/stepcollect/stepcollect/httpapi"
 	"github.com/stepcollect/stepcollect/internal/config"
 	"github.com/stepcollect/stepcollect/internal/logging"
@@ -44,7 +45,7 @@ func addCommonFlags(s *config.Set) *commonFlags {
 	// (the container health check) instead of starting
 	s.Switch("probe", "GET this binary's own /readyz (the api's -listen, the worker's -metrics-listen) and exit 0 if it answers 200, else 1; starts nothing")
 	s.Check(config.MySQLDSN("mysql-dsn", f.dsn))
-	s.Check(config.RedisURL("redis-url", f.redis))
+	s.Check(config.RedisURL("redis-url", f.redis, func(u string) error { _, err := asynq.ParseRedisURI(u); return err }))
 	s.Check(func() error {
 		if *f.maxConns < 2 {
 			return fmt.Errorf("-mysql-max-conns: %d is less than 2", *f.maxConns)
@@ -61,7 +62,7 @@ type deps struct {
 	redisOpt asynq.RedisConnOpt
 	metrics  *metrics.Set
 	enq      *tasks.Enqueuer
-	handoff  *tasks.Handoff // the api's, nil in the worker
+	handoff  *collector.Handoff // the api's, nil in the worker
 	db       *sql.DB
 	store    *stepmysql.Storage
 	secrets  []string // the DSN and the Redis URL, whose passwords no output shows
@@ -81,9 +82,9 @@ func openDeps(ctx context.Context, redisURL, dsn string, maxConns int, migrate, 
 	d.enq = tasks.NewEnqueuer(redisOpt, tasks.OnEnqueueFailure(d.metrics.Enqueue.Failed))
 	opts := []stepmysql.Option{stepmysql.WithObserver(d.metrics.Storage), stepmysql.WithOutbox()}
 	if collectViaQueue {
-		d.handoff = tasks.NewHandoff(tasks.HandoffConfig{OnDrop: func(n int) { d.metrics.Enqueue.HandoffDropped.Add(float64(n)) }},
+		d.handoff = collector.NewHandoff(collector.HandoffConfig{OnDrop: func(n int) { d.metrics.Enqueue.HandoffDropped.Add(float64(n)) }},
 			d.enq, logger.With().Str("component", "handoff").Logger())
-		opts = append(opts, stepmysql.WithCollector(d.handoff))
+		opts = append(opts, stepmysql.WithReleaseSink(d.handoff))
 	}
 	if d.db, d.store, err = openStorage(ctx, dsn, maxConns, migrate, logger, opts...); err != nil {
 		d.enq.Close()
@@ -182,7 +183,7 @@ func readyChecks(db *sql.DB, enq *tasks.Enqueuer, needRedis bool, secrets []stri
 // newMetrics is the full metric set, with asynq's queues read through an
 // Inspector that gives up quickly when Redis is down.
 func newMetrics(redisOpt asynq.RedisConnOpt) *metrics.Set {
-	return metrics.New(asynq.NewInspector(tasks.WithFastFailure(redisOpt)), tasks.TaskTypes(), tasks.AllQueues()...)
+	return metrics.New(newQueueReader(redisOpt), tasks.TaskTypes(), tasks.AllQueues()...)
 }
 
 // mysqlLogger routes go-sql-driver's own messages (broken connections) to

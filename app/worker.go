@@ -19,7 +19,6 @@ import (
 	"github.com/stepcollect/stepcollect/httpapi"
 	"github.com/stepcollect/stepcollect/internal/config"
 	"github.com/stepcollect/stepcollect/internal/logging"
-	"github.com/stepcollect/stepcollect/logkeys"
 	"github.com/stepcollect/stepcollect/scheduler"
 	stepmysql "github.com/stepcollect/stepcollect/storage/mysql"
 	"github.com/stepcollect/stepcollect/tasks"
@@ -102,8 +101,8 @@ func ParseWorkerConfig(args []string, getenv func(string) string) (WorkerConfig,
 	}, s, nil
 }
 
-// Worker is the asynq servers that collect steps and deliver events, and
-// the tickers of the sweeper and the scheduler.
+// Worker is the asynq server that collects steps, the outbox's dispatcher
+// that delivers events, and the tickers of the sweeper and the scheduler.
 type Worker struct {
 	cfg        WorkerConfig
 	redisOpt   asynq.RedisConnOpt
@@ -113,8 +112,6 @@ type Worker struct {
 	enq        *tasks.Enqueuer
 	srv        *asynq.Server // collection, sweeps, schedules
 	mux        *asynq.ServeMux
-	deliverer  *asynq.Server // deliveries, so a hung receiver never holds up collection
-	deliverMux *asynq.ServeMux
 	sweeper    *collector.Sweeper
 	dispatcher *delivery.Dispatcher
 	scheduler  *scheduler.Scheduler
@@ -150,16 +147,9 @@ func NewWorker(ctx context.Context, cfg WorkerConfig, logger zerolog.Logger) (*W
 	w.srv = asynq.NewServer(redisOpt, asynqConfig(cfg, tasks.Queues(), logger.With().Str("component", "asynq").Logger()))
 
 	deliverer := delivery.New(delivery.Config{URL: cfg.CallbackURL, HMACKey: []byte(cfg.CallbackHMACKey)},
-		store, m.Delivery, logger.With().Str("component", "delivery").Logger())
+		m.Delivery, logger.With().Str("component", "delivery").Logger())
 	w.dispatcher = delivery.NewDispatcher(delivery.DispatchConfig{Drain: cfg.ShutdownTimeout,
 		MaxAttempts: cfg.MaxDeliveryAttempts, MaxAge: cfg.MaxDeliveryAge}, deliverer, store)
-	// Per-event deliver tasks are no longer enqueued; this drains any that
-	// an older api or worker left on the queue.
-	deliverMux := asynq.NewServeMux()
-	deliverMux.Handle(tasks.TypeDeliver, deliverer)
-	w.deliverer = asynq.NewServer(redisOpt, asynqConfig(cfg, map[string]int{tasks.QueueDeliver: 1},
-		logger.With().Str("component", "asynq_delivery").Logger()))
-	w.deliverMux = deliverMux
 
 	w.ln, err = net.Listen("tcp", cfg.MetricsListen)
 	if err != nil {
@@ -189,13 +179,9 @@ func (w *Worker) Run(ctx context.Context) error {
 	if err := w.srv.Start(w.mux); err != nil {
 		return fmt.Errorf("starting asynq server: %w", err)
 	}
-	if err := w.deliverer.Start(w.deliverMux); err != nil {
-		w.srv.Shutdown()
-		return fmt.Errorf("starting asynq delivery server: %w", err)
-	}
 	tickers := make(chan struct{}, 4)
-	go func() { w.sweepAtStart(ctx); w.sweeper.Run(ctx); tickers <- struct{}{} }()
-	go func() { w.sweepOnQueueLoss(ctx); tickers <- struct{}{} }()
+	go func() { w.sweeper.SweepAtStart(ctx); w.sweeper.Run(ctx); tickers <- struct{}{} }()
+	go func() { w.sweeper.SweepOnQueueLoss(ctx, w.redisOpt); tickers <- struct{}{} }()
 	go func() { w.scheduler.Run(ctx); tickers <- struct{}{} }()
 	go func() { w.dispatcher.Run(ctx); tickers <- struct{}{} }()
 	callback := config.RedactURL(w.cfg.CallbackURL)
@@ -220,7 +206,6 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	w.logger.Info().Msg("worker stopping")
 	w.srv.Shutdown()
-	w.deliverer.Shutdown()
 	<-tickers
 	<-tickers
 	<-tickers
@@ -230,53 +215,6 @@ func (w *Worker) Run(ctx context.Context) error {
 	w.http.Shutdown(shutdownCtx)
 	w.logger.Info().Msg("worker stopped")
 	return err
-}
-
-// sweepAtStart sweeps once, in process, when the worker starts. A worker
-// that was killed left its collect tasks active in Redis until asynq's
-// lease (30 s) and recoverer (every minute) hand them back; its restart
-// should not wait for that. Any number of replicas starting together is
-// harmless: collection is idempotent.
-func (w *Worker) sweepAtStart(ctx context.Context) {
-	if w.cfg.SweepInterval <= 0 {
-		return
-	}
-	res, err := w.sweeper.Sweep(ctx)
-	if err != nil && ctx.Err() == nil {
-		w.logger.Warn().Err(err).Msg("sweep at start failed; the next sweep slot tries again")
-		return
-	}
-	w.logger.Info().Int("examined", res.Examined).Int("collected", res.Collected).Msg("swept at start")
-}
-
-// sweepOnQueueLoss sweeps once, in process, whenever Redis comes back after
-// failing, or comes back empty: the collect tasks it held (handed over by
-// the api, not yet taken by a worker) may be gone with it, and waiting for
-// the next sweep slot would cost up to an interval. Every replica does it;
-// collection is idempotent.
-func (w *Worker) sweepOnQueueLoss(ctx context.Context) {
-	if w.cfg.SweepInterval <= 0 {
-		return
-	}
-	sweep := func(reason string) {
-		res, err := w.sweeper.Sweep(ctx)
-		if err != nil && ctx.Err() == nil {
-			w.logger.Warn().Err(err).Str(logkeys.Reason, reason).Msg("sweep after a possible queue loss failed; the next sweep slot tries again")
-			return
-		}
-		w.logger.Info().Str(logkeys.Reason, reason).Int("examined", res.Examined).Int("collected", res.Collected).Msg("swept after a possible queue loss")
-	}
-	tasks.WatchQueueLoss(ctx, w.redisOpt, time.Second, w.logger, func(reason string) {
-		sweep(reason)
-		// once more a little later: after a failover, an api that heard of
-		// the new primary after this worker may still have handed steps to
-		// the old one, which discards them when it rejoins as a replica
-		select {
-		case <-ctx.Done():
-		case <-time.After(3 * time.Second):
-			sweep(reason + " (again)")
-		}
-	})
 }
 
 // deliveryReport puts whether an operator paused delivery in /readyz's

@@ -21,7 +21,7 @@ import (
 )
 
 // workerBundle is a test database, a private Redis, and a results-side
-// storage that hands unreferenced steps to the queue, as the API does.
+// storage that hands released steps to the queue, as the API does.
 type workerBundle struct {
 	db      *testkit.DB
 	redis   *testkit.Redis
@@ -39,7 +39,7 @@ func setupWorker(t *testing.T) *workerBundle {
 	}
 	enq := tasks.NewEnqueuer(redisOpt, tasks.WithCooldown(100*time.Millisecond))
 	t.Cleanup(func() { enq.Close() })
-	results, err := stepmysql.New(stepmysql.WithDB(db.DB), stepmysql.WithCollector(enq))
+	results, err := stepmysql.New(stepmysql.WithDB(db.DB), stepmysql.WithReleaseSink(enq))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -181,7 +181,7 @@ func TestTwoReplicasDeleteEachStepOnceAndSweepOncePerInterval(t *testing.T) {
 	const interval = time.Second
 
 	// 100 steps whose hand-off was lost, for the sweepers to find
-	lost, err := stepmysql.New(stepmysql.WithDB(b.db.DB), stepmysql.WithCollector(testkit.DropCollector{}))
+	lost, err := stepmysql.New(stepmysql.WithDB(b.db.DB), stepmysql.WithReleaseSink(testkit.DropReleases{}))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,7 +1,10 @@
-// Package collector runs step collection off the MDM-facing path: the asynq
-// handler for collect tasks, and the sweeper that finds what a lost enqueue
-// left behind. Both are thin over the storage, which does the non-locking
-// check, the SKIP LOCKED claim and the point deletes.
+// Package collector gets released steps collected, off the MDM-facing
+// path: the api's hand-off that batches them onto the queue, the asynq
+// handler of collect tasks, and the sweeper that finds what a lost
+// hand-off left behind, on its interval, when a worker starts and when the
+// queue may have lost tasks. All are thin over the storage, which does the
+// non-locking check, the SKIP LOCKED claim and the point deletes; the
+// queue's wire formats and its enqueuer are the tasks package's.
 package collector
 
 import (
@@ -20,7 +23,7 @@ import (
 type Store interface {
 	// Collect deletes those of steps nothing refers to; a step referenced,
 	// claimed elsewhere or gone is not an error.
-	Collect(ctx context.Context, steps []storage.UnreferencedStep) (storage.CollectResult, error)
+	Collect(ctx context.Context, steps []storage.ReleasedStep) (storage.CollectResult, error)
 }
 
 // Handler processes collect tasks. The storage's observer records
@@ -49,7 +52,7 @@ func (h *Handler) ProcessTask(ctx context.Context, t *asynq.Task) error {
 	for i, st := range p.Steps {
 		ids[i] = st.ID
 	}
-	res, err := h.store.Collect(ctx, p.UnreferencedSteps())
+	res, err := h.store.Collect(ctx, p.ReleasedSteps())
 	if err != nil {
 		h.logger.Warn().Err(err).Ints64(logkeys.StepIDs, ids).Msg("collecting steps; asynq will retry")
 		return fmt.Errorf("collect task: %w", err)

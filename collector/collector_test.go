@@ -29,7 +29,7 @@ func setup(t *testing.T) *bundle {
 	t.Helper()
 	db := testkit.NewDB(t, nil)
 	m := metrics.NewStorage(prometheus.NewRegistry())
-	s, err := stepmysql.New(stepmysql.WithDB(db.DB), stepmysql.WithCollector(testkit.DropCollector{}), stepmysql.WithObserver(m))
+	s, err := stepmysql.New(stepmysql.WithDB(db.DB), stepmysql.WithReleaseSink(testkit.DropReleases{}), stepmysql.WithObserver(m))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,7 +67,7 @@ func TestTheSameCollectTaskDeliveredTwiceIsHarmless(t *testing.T) {
 	done := b.storeStep(t, "done", 2)    // unreferenced
 	halfway := b.storeStep(t, "half", 1) // still referenced by B
 
-	task, _, err := tasks.NewCollectTask([]storage.UnreferencedStep{
+	task, _, err := tasks.NewCollectTask([]storage.ReleasedStep{
 		{ID: done, ObservedAt: time.Now()}, {ID: halfway, ObservedAt: time.Now()}})
 	if err != nil {
 		t.Fatal(err)

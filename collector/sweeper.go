@@ -8,6 +8,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/rs/zerolog"
 
+	"github.com/stepcollect/stepcollect/logkeys"
 	"github.com/stepcollect/stepcollect/metrics"
 	"github.com/stepcollect/stepcollect/storage"
 	"github.com/stepcollect/stepcollect/tasks"
@@ -75,7 +76,7 @@ type SweepResult struct {
 
 // ProcessTask implements asynq.Handler for sweep tasks.
 func (s *Sweeper) ProcessTask(ctx context.Context, t *asynq.Task) error {
-	p, err := tasks.ParseSweep(t)
+	p, err := tasks.ParseSlot(t)
 	if err != nil {
 		s.logger.Error().Err(err).Msg("unreadable sweep task")
 		return err
@@ -114,11 +115,11 @@ func (s *Sweeper) Sweep(ctx context.Context) (SweepResult, error) {
 			continue
 		}
 		res.Unreferenced += len(page.Found)
-		steps := make([]storage.UnreferencedStep, len(page.Found))
+		steps := make([]storage.ReleasedStep, len(page.Found))
 		for i, id := range page.Found {
 			// when it became unreferenced is not known here; the lag
 			// histogram only counts steps whose hand-off carried it
-			steps[i] = storage.UnreferencedStep{ID: id}
+			steps[i] = storage.ReleasedStep{ID: id}
 		}
 		cr, err := s.store.Collect(ctx, steps)
 		res.Collected += cr[storage.CollectCollected]
@@ -162,4 +163,52 @@ func (s *Sweeper) Run(ctx context.Context) error {
 	}
 	tasks.RunSlots(ctx, s.cfg.Interval, s.cfg.RetryEvery, s.logger, s.enq.EnqueueSweep)
 	return nil
+}
+
+// SweepAtStart sweeps once, in process, when a worker starts. A worker
+// that was killed left its collect tasks active in Redis until asynq's
+// lease (30 s) and recoverer (every minute) hand them back; its restart
+// should not wait for that. Any number of replicas starting together is
+// harmless: collection is idempotent. Nothing when sweeps are off.
+func (s *Sweeper) SweepAtStart(ctx context.Context) {
+	if s.cfg.Interval <= 0 {
+		return
+	}
+	res, err := s.Sweep(ctx)
+	if err != nil && ctx.Err() == nil {
+		s.logger.Warn().Err(err).Msg("sweep at start failed; the next sweep slot tries again")
+		return
+	}
+	s.logger.Info().Int("examined", res.Examined).Int("collected", res.Collected).Msg("swept at start")
+}
+
+// SweepOnQueueLoss sweeps once, in process, whenever the queue's Redis r
+// comes back after failing, or comes back empty (WatchQueueLoss), until
+// ctx ends: the collect tasks it held (handed over by the api, not yet
+// taken by a worker) may be gone with it, and waiting for the next sweep
+// slot would cost up to an interval. Every replica does it; collection is
+// idempotent. Nothing when sweeps are off.
+func (s *Sweeper) SweepOnQueueLoss(ctx context.Context, r asynq.RedisConnOpt) {
+	if s.cfg.Interval <= 0 {
+		return
+	}
+	sweep := func(reason string) {
+		res, err := s.Sweep(ctx)
+		if err != nil && ctx.Err() == nil {
+			s.logger.Warn().Err(err).Str(logkeys.Reason, reason).Msg("sweep after a possible queue loss failed; the next sweep slot tries again")
+			return
+		}
+		s.logger.Info().Str(logkeys.Reason, reason).Int("examined", res.Examined).Int("collected", res.Collected).Msg("swept after a possible queue loss")
+	}
+	WatchQueueLoss(ctx, r, time.Second, s.logger, func(reason string) {
+		sweep(reason)
+		// once more a little later: after a failover, an api that heard of
+		// the new primary after this worker may still have handed steps to
+		// the old one, which discards them when it rejoins as a replica
+		select {
+		case <-ctx.Done():
+		case <-time.After(3 * time.Second):
+			sweep(reason + " (again)")
+		}
+	})
 }

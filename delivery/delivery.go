@@ -3,8 +3,8 @@
 // outbox, which decides who delivers (a lease per event). A 2xx
 // acknowledges and removes the event; anything else is tried again after a
 // backoff, for as long as it takes. Nothing is archived, and nothing is
-// lost. The Deliverer is also the asynq handler of the per-event deliver
-// tasks older builds enqueued.
+// lost. Nothing here touches the queue: the outbox in MySQL is the only
+// source of events, so delivery works with Redis down.
 package delivery
 
 import (
@@ -21,14 +21,11 @@ import (
 	"net/url"
 	"time"
 
-	"github.com/hibiken/asynq"
 	"github.com/rs/zerolog"
 
 	"github.com/stepcollect/stepcollect/internal/config"
-	"github.com/stepcollect/stepcollect/logkeys"
 	"github.com/stepcollect/stepcollect/metrics"
 	"github.com/stepcollect/stepcollect/storage"
-	"github.com/stepcollect/stepcollect/tasks"
 )
 
 // Headers of a callback.
@@ -36,13 +33,6 @@ const (
 	EventIDHeader   = "X-Stepcollect-Event-Id"
 	SignatureHeader = "X-Stepcollect-Signature"
 )
-
-// Store is what delivery needs of the storage.
-type Store interface {
-	ClaimEvent(ctx context.Context, id int64, lease time.Duration) (*storage.OutboxEvent, error)
-	AckEvent(ctx context.Context, id int64) error
-	FailEvent(ctx context.Context, id int64, reason string, retryAt time.Time) error
-}
 
 // Config configures a Deliverer.
 type Config struct {
@@ -54,21 +44,21 @@ type Config struct {
 	Timeout time.Duration
 }
 
-// Deliverer is the asynq handler of delivery tasks.
+// Deliverer makes one signed POST of one event; the Dispatcher decides
+// which events, and what an answer does to them.
 type Deliverer struct {
 	cfg     Config
-	store   Store
 	client  *http.Client
 	metrics *metrics.Delivery
 	logger  zerolog.Logger
 }
 
 // New returns a Deliverer.
-func New(cfg Config, store Store, m *metrics.Delivery, logger zerolog.Logger) *Deliverer {
+func New(cfg Config, m *metrics.Delivery, logger zerolog.Logger) *Deliverer {
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 30 * time.Second
 	}
-	return &Deliverer{cfg: cfg, store: store, metrics: m, logger: logger,
+	return &Deliverer{cfg: cfg, metrics: m, logger: logger,
 		client: &http.Client{Timeout: cfg.Timeout, CheckRedirect: noRedirects, Transport: &http.Transport{
 			Proxy: http.ProxyFromEnvironment, MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second,
 			DialContext: (&net.Dialer{Timeout: 5 * time.Second}).DialContext,
@@ -81,48 +71,6 @@ func Sign(key, body []byte) string {
 	mac := hmac.New(sha256.New, key)
 	mac.Write(body)
 	return base64.StdEncoding.EncodeToString(mac.Sum(nil))
-}
-
-// ProcessTask implements asynq.Handler.
-func (d *Deliverer) ProcessTask(ctx context.Context, t *asynq.Task) error {
-	p, err := tasks.ParseDeliver(t)
-	if err != nil {
-		d.logger.Error().Err(err).Msg("unreadable delivery task")
-		return err
-	}
-	if d.cfg.URL == "" {
-		return nil // no receiver configured: the event waits in the outbox
-	}
-	logger := d.logger.With().Int64(logkeys.OutboxID, p.Event.ID).Str(logkeys.EventID, p.Event.EventID).Str(logkeys.EventType, p.Event.Type).Logger()
-	// the lease covers this attempt; a failure below resets it
-	ev, err := d.store.ClaimEvent(ctx, p.Event.ID, d.cfg.Timeout+15*time.Second)
-	if errors.Is(err, storage.ErrEventNotClaimable) {
-		logger.Debug().Msg("event delivered already, or being delivered elsewhere")
-		return nil
-	} else if err != nil {
-		return fmt.Errorf("claiming event %d: %w", p.Event.ID, err)
-	}
-
-	outcome, err := d.post(ctx, ev)
-	d.metrics.Deliveries.WithLabelValues(ev.Type, outcome).Inc()
-	if err == nil {
-		if err := d.store.AckEvent(ctx, ev.ID); err != nil {
-			// delivered but not removed: it will be delivered again, which
-			// the receiver's dedup on event_id absorbs
-			return fmt.Errorf("removing delivered event %s: %w", ev.EventID, err)
-		}
-		logger.Debug().Int(logkeys.Attempt, ev.Attempts).Msg("event delivered")
-		return nil
-	}
-
-	// The dispatcher owns retries: it offers the event again once this
-	// short lease lapses, with its own backoff. asynq is not asked to.
-	retryAt := time.Now().Add(time.Second)
-	if ferr := d.store.FailEvent(ctx, ev.ID, err.Error(), retryAt); ferr != nil {
-		logger.Warn().Err(ferr).Msg("recording the failed delivery")
-	}
-	logger.Warn().Err(err).Int(logkeys.Attempt, ev.Attempts).Msg("delivery failed; the dispatcher tries again")
-	return nil
 }
 
 // post sends one attempt and classifies its outcome. Its error names the

@@ -17,43 +17,73 @@ import (
 	"github.com/stepcollect/stepcollect/delivery"
 	"github.com/stepcollect/stepcollect/metrics"
 	"github.com/stepcollect/stepcollect/storage"
-	"github.com/stepcollect/stepcollect/tasks"
 )
 
-// fakeStore holds one event.
-type fakeStore struct {
+// oneEvent is an outbox of one event, offered to the dispatcher's first
+// claim only, that records what the dispatcher made of its try.
+type oneEvent struct {
 	mu      sync.Mutex
+	claimed int
 	acked   bool
 	failAt  time.Time
 	reason  string
-	claimed int
+	settled chan struct{} // closed once the try is acknowledged, failed or held
 }
 
-func (f *fakeStore) ClaimEvent(_ context.Context, id int64, _ time.Duration) (*storage.OutboxEvent, error) {
+func newOneEvent() *oneEvent { return &oneEvent{settled: make(chan struct{})} }
+
+func (f *oneEvent) ClaimDueEvents(context.Context, int, time.Duration) ([]*storage.OutboxEvent, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.claimed++
-	return &storage.OutboxEvent{OutboxRef: storage.OutboxRef{ID: id, EventID: "ev-1", Type: "step.completed", Attempts: f.claimed},
-		Payload: []byte(`{"event_id":"ev-1"}`)}, nil
+	if f.claimed > 1 {
+		return nil, nil
+	}
+	return []*storage.OutboxEvent{{OutboxRef: storage.OutboxRef{ID: 7, EventID: "ev-1", Type: "step.completed", Attempts: 1},
+		Payload: []byte(`{"event_id":"ev-1"}`)}}, nil
 }
-func (f *fakeStore) AckEvent(context.Context, int64) error { f.acked = true; return nil }
-func (f *fakeStore) FailEvent(_ context.Context, _ int64, reason string, at time.Time) error {
-	f.reason, f.failAt = reason, at
+func (f *oneEvent) RenewLeases(context.Context, []int64, time.Duration) error { return nil }
+func (f *oneEvent) AckEvents(context.Context, []int64) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.acked = true
+	close(f.settled)
 	return nil
 }
-
-func deliverTask(t *testing.T) func(d *delivery.Deliverer) error {
-	task, _, err := tasks.NewDeliverTask(storage.OutboxRef{ID: 7, EventID: "ev-1", Type: "step.completed"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return func(d *delivery.Deliverer) error { return d.ProcessTask(context.Background(), task) }
+func (f *oneEvent) FailEvent(_ context.Context, _ int64, reason string, at time.Time) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.reason, f.failAt = reason, at
+	close(f.settled)
+	return nil
+}
+func (f *oneEvent) HoldEvent(context.Context, int64, string) error {
+	panic("held: no limit was configured")
 }
 
-// A deliver task (left by an older build) whose POST fails hands the event
-// to the dispatcher: the failure is recorded with a short lease, and asynq
-// is not asked to retry (nothing is archived).
-func TestAFailedDeliverTaskLeavesTheEventToTheDispatcher(t *testing.T) {
+// dispatchOne runs a dispatcher posting through d until the event's try
+// settled, then stops it.
+func dispatchOne(t *testing.T, d *delivery.Deliverer, st *oneEvent) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() {
+		delivery.NewDispatcher(delivery.DispatchConfig{Loops: 1, PollInterval: 10 * time.Millisecond}, d, st).Run(ctx)
+		close(done)
+	}()
+	select {
+	case <-st.settled:
+	case <-time.After(15 * time.Second):
+		t.Error("the try was neither acknowledged nor failed within 15s")
+	}
+	cancel()
+	<-done // the dispatcher is done with st
+}
+
+// A POST answered 502 is a failed try: recorded with its answer and a
+// backoff within the cap, never acknowledged, counted as an http_error.
+// The body is signed and carries the event id.
+func TestAFailedPostIsRecordedAndTriedAgainLater(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get(delivery.SignatureHeader) != delivery.Sign([]byte("k"), []byte(`{"event_id":"ev-1"}`)) ||
 			r.Header.Get(delivery.EventIDHeader) != "ev-1" {
@@ -63,14 +93,11 @@ func TestAFailedDeliverTaskLeavesTheEventToTheDispatcher(t *testing.T) {
 		http.Error(w, "nope", http.StatusBadGateway)
 	}))
 	defer srv.Close()
-	st := &fakeStore{}
+	st := newOneEvent()
 	m := metrics.NewDelivery(prometheus.NewRegistry(), "step.completed")
-	d := delivery.New(delivery.Config{URL: srv.URL, HMACKey: []byte("k")}, st, m, zerolog.Nop())
-	if err := deliverTask(t)(d); err != nil {
-		t.Fatalf("the task returned %v: asynq would retry or archive it", err)
-	}
-	if st.acked || st.reason != "callback answered 502 Bad Gateway" || time.Until(st.failAt) > 2*time.Second {
-		t.Errorf("acked=%v reason=%q offered again in %v, want within 2s", st.acked, st.reason, time.Until(st.failAt))
+	dispatchOne(t, delivery.New(delivery.Config{URL: srv.URL, HMACKey: []byte("k")}, m, zerolog.Nop()), st)
+	if st.acked || st.reason != "callback answered 502 Bad Gateway" || time.Until(st.failAt) > 10*time.Second {
+		t.Errorf("acked=%v reason=%q tried again in %v, want within the 10s backoff cap", st.acked, st.reason, time.Until(st.failAt))
 	}
 	if got := testutil.ToFloat64(m.Deliveries.WithLabelValues("step.completed", "http_error")); got != 1 {
 		t.Errorf("http_error deliveries %v", got)
@@ -82,31 +109,22 @@ func TestANoAnswerIsATimeout(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { <-release }))
 	defer srv.Close()
 	defer close(release)
-	st := &fakeStore{}
+	st := newOneEvent()
 	m := metrics.NewDelivery(prometheus.NewRegistry(), "step.completed")
-	d := delivery.New(delivery.Config{URL: srv.URL, Timeout: 200 * time.Millisecond}, st, m, zerolog.Nop())
-	deliverTask(t)(d)
+	dispatchOne(t, delivery.New(delivery.Config{URL: srv.URL, Timeout: 200 * time.Millisecond}, m, zerolog.Nop()), st)
 	if got := testutil.ToFloat64(m.Deliveries.WithLabelValues("step.completed", "timeout")); got != 1 || st.acked {
 		t.Errorf("timeouts %v, acked %v", got, st.acked)
 	}
 }
 
 func TestWithoutACallbackURLEventsWait(t *testing.T) {
-	st := &fakeStore{}
-	d := delivery.New(delivery.Config{}, st, metrics.NewDelivery(prometheus.NewRegistry()), zerolog.Nop())
-	if err := deliverTask(t)(d); err != nil || st.claimed != 0 {
-		t.Errorf("err %v, claimed %d: want the event left untouched", err, st.claimed)
-	}
-}
-
-func TestRetryDelaysGrowAndAreBounded(t *testing.T) {
-	prev := time.Duration(0)
-	for n := range 20 {
-		d := tasks.DeliverRetryDelay(n)
-		if d < prev || d > 2*time.Minute || d <= 0 {
-			t.Fatalf("delay %d = %v after %v", n, d, prev)
-		}
-		prev = d
+	st := newOneEvent()
+	d := delivery.New(delivery.Config{}, metrics.NewDelivery(prometheus.NewRegistry()), zerolog.Nop())
+	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+	defer cancel()
+	delivery.NewDispatcher(delivery.DispatchConfig{PollInterval: 10 * time.Millisecond}, d, st).Run(ctx)
+	if st.claimed != 0 {
+		t.Errorf("claimed %d times: want the event left untouched", st.claimed)
 	}
 }
 
@@ -130,12 +148,9 @@ func TestARedirectIsAFailedDeliveryNotFollowed(t *testing.T) {
 		}
 	}))
 	defer srv.Close()
-	st := &fakeStore{}
+	st := newOneEvent()
 	m := metrics.NewDelivery(prometheus.NewRegistry(), "step.completed")
-	d := delivery.New(delivery.Config{URL: srv.URL + "/events"}, st, m, zerolog.Nop())
-	if err := deliverTask(t)(d); err != nil {
-		t.Fatalf("last attempt: %v", err)
-	}
+	dispatchOne(t, delivery.New(delivery.Config{URL: srv.URL + "/events"}, m, zerolog.Nop()), st)
 	mu.Lock()
 	defer mu.Unlock()
 	if st.acked {
@@ -144,7 +159,7 @@ func TestARedirectIsAFailedDeliveryNotFollowed(t *testing.T) {
 	if gets+posts != 0 {
 		t.Errorf("the redirect was followed: %d GETs, %d POSTs to its Location", gets, posts)
 	}
-	if want := `callback answered 302 Found with Location "/moved"`; len(st.reason) < len(want) || st.reason[:len(want)] != want {
+	if want := `callback answered 302 Found with Location "/moved"`; !strings.HasPrefix(st.reason, want) {
 		t.Errorf("failure recorded as %q, want it to start with %q", st.reason, want)
 	}
 	if got := testutil.ToFloat64(m.Deliveries.WithLabelValues("step.completed", "http_error")); got != 1 {
@@ -159,13 +174,16 @@ func TestAFailedDeliveryShowsNoCallbackCredentials(t *testing.T) {
 	srv := httptest.NewServer(http.NotFoundHandler())
 	host := srv.Listener.Addr().String()
 	srv.Close() // nothing listens there any more
-	var logs bytes.Buffer
-	st := &fakeStore{}
-	d := delivery.New(delivery.Config{URL: "http://cbuser:S3cretPw@" + host + "/cb"}, st,
+	var logs syncBuffer
+	st := newOneEvent()
+	d := delivery.New(delivery.Config{URL: "http://cbuser:S3cretPw@" + host + "/cb"},
 		metrics.NewDelivery(prometheus.NewRegistry(), "step.completed"), zerolog.New(&logs))
-	deliverTask(t)(d)
+	dispatchOne(t, d, st)
 	if st.acked || !strings.Contains(st.reason, host) {
 		t.Fatalf("acked %v, reason %q: want a failure naming %s", st.acked, st.reason, host)
+	}
+	if !strings.Contains(logs.String(), "delivery failed") {
+		t.Errorf("the failure was not logged: %s", logs.String())
 	}
 	for _, secret := range []string{"S3cretPw", "cbuser"} {
 		if strings.Contains(st.reason, secret) || strings.Contains(logs.String(), secret) {
@@ -173,3 +191,16 @@ func TestAFailedDeliveryShowsNoCallbackCredentials(t *testing.T) {
 		}
 	}
 }
+
+// syncBuffer is a bytes.Buffer the dispatcher's goroutines may log to.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }

@@ -60,7 +60,7 @@ func awaitOutboxEmpty(t *testing.T, db *testkit.DB) {
 }
 
 func runDispatcher(t *testing.T, cfg delivery.DispatchConfig, url string, store delivery.DispatchStore) context.CancelFunc {
-	d := delivery.New(delivery.Config{URL: url}, nil, metrics.NewDelivery(prometheus.NewRegistry(), "step.completed"), zerolog.Nop())
+	d := delivery.New(delivery.Config{URL: url}, metrics.NewDelivery(prometheus.NewRegistry(), "step.completed"), zerolog.Nop())
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { delivery.NewDispatcher(cfg, d, store).Run(ctx); close(done) }()

@@ -23,7 +23,6 @@ import (
 	"github.com/stepcollect/stepcollect/events"
 	"github.com/stepcollect/stepcollect/metrics"
 	"github.com/stepcollect/stepcollect/storage"
-	"github.com/stepcollect/stepcollect/tasks"
 )
 
 // Receiver is the workflow engine's end of the callbacks, as docs/engines.md's
@@ -89,16 +88,31 @@ func (rc *Receiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent) // any 2xx acknowledges; only once the event is durably handled
 }
 
-// outbox is a one-event stand-in for the storage's outbox.
-type outbox struct{ ev *storage.OutboxEvent }
-
-func (o outbox) ClaimEvent(context.Context, int64, time.Duration) (*storage.OutboxEvent, error) {
-	return o.ev, nil
+// outbox is a stand-in for the storage's outbox holding one event whose
+// acknowledgement is lost once: the dispatcher's first two claims get it,
+// the third nothing, and tells drained.
+type outbox struct {
+	ev      *storage.OutboxEvent
+	claims  int
+	drained chan struct{}
 }
-func (o outbox) AckEvent(context.Context, int64) error                     { return nil }
-func (o outbox) FailEvent(context.Context, int64, string, time.Time) error { return nil }
 
-// The Receiver above, fed by stepcollect's own deliverer: the event is
+func (o *outbox) ClaimDueEvents(context.Context, int, time.Duration) ([]*storage.OutboxEvent, error) {
+	o.claims++
+	switch {
+	case o.claims <= 2:
+		return []*storage.OutboxEvent{o.ev}, nil
+	case o.claims == 3:
+		close(o.drained)
+	}
+	return nil, nil
+}
+func (o *outbox) RenewLeases(context.Context, []int64, time.Duration) error { return nil }
+func (o *outbox) AckEvents(context.Context, []int64) error                  { return nil }
+func (o *outbox) FailEvent(context.Context, int64, string, time.Time) error { return nil }
+func (o *outbox) HoldEvent(context.Context, int64, string) error            { return nil }
+
+// The Receiver above, fed by stepcollect's own dispatcher: the event is
 // handled once though it is delivered twice, and a body signed with
 // another key is refused.
 func Example_receiver() {
@@ -113,17 +127,18 @@ func Example_receiver() {
 	}, time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))
 	payload, _ := json.Marshal(ev)
 	ref := storage.OutboxRef{ID: 1, EventID: ev.EventID, Type: ev.Type, Attempts: 1}
-	d := delivery.New(delivery.Config{URL: srv.URL, HMACKey: key}, outbox{&storage.OutboxEvent{OutboxRef: ref, Payload: payload}},
-		metrics.NewDelivery(prometheus.NewRegistry(), events.StepCompleted), zerolog.Nop())
-	task, _, err := tasks.NewDeliverTask(ref)
-	if err != nil {
-		log.Fatal(err)
-	}
-	for range 2 { // delivered, then delivered again (an acknowledgement lost on the way back)
-		if err := d.ProcessTask(context.Background(), task); err != nil {
-			log.Fatal(err)
-		}
-	}
+	store := &outbox{ev: &storage.OutboxEvent{OutboxRef: ref, Payload: payload}, drained: make(chan struct{})}
+	d := delivery.New(delivery.Config{URL: srv.URL, HMACKey: key}, metrics.NewDelivery(prometheus.NewRegistry(), events.StepCompleted), zerolog.Nop())
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		// one loop: the claims, and so the deliveries, come one after another
+		delivery.NewDispatcher(delivery.DispatchConfig{Loops: 1, PollInterval: time.Millisecond}, d, store).Run(ctx)
+		close(done)
+	}()
+	<-store.drained // delivered, then delivered again (an acknowledgement lost on the way back)
+	stop()
+	<-done
 
 	forged, _ := http.NewRequest(http.MethodPost, srv.URL, strings.NewReader(string(payload)))
 	forged.Header.Set(delivery.SignatureHeader, delivery.Sign([]byte("another key"), payload))

@@ -35,12 +35,12 @@ type bundle struct {
 }
 
 type setupOpts struct {
-	db        *testkit.DB // use this database instead of a new one
-	storeDB   *sql.DB     // the storage's pool, when not the test database's own
-	collector storage.Collector
-	maxBody   int64
-	hmacKey   []byte
-	apiKey    *string
+	db      *testkit.DB // use this database instead of a new one
+	storeDB *sql.DB     // the storage's pool, when not the test database's own
+	sink    storage.ReleaseSink
+	maxBody int64
+	hmacKey []byte
+	apiKey  *string
 }
 
 func setup(t *testing.T, o *setupOpts) *bundle {
@@ -55,8 +55,8 @@ func setup(t *testing.T, o *setupOpts) *bundle {
 	}
 	m := metrics.New(nil, nil)
 	opts := []stepmysql.Option{stepmysql.WithDB(storeDB), stepmysql.WithOutbox(), stepmysql.WithObserver(m.Storage)}
-	if o.collector != nil {
-		opts = append(opts, stepmysql.WithCollector(o.collector))
+	if o.sink != nil {
+		opts = append(opts, stepmysql.WithReleaseSink(o.sink))
 	}
 	store, err := stepmysql.New(opts...)
 	if err != nil {

@@ -199,7 +199,7 @@ func TestWebhookAnswers200AndCommitsWithRedisDown(t *testing.T) {
 	var failed int
 	enq := tasks.NewEnqueuer(opt, tasks.OnEnqueueFailure(func(string) { failed++ }))
 	defer enq.Close()
-	b := setup(t, &setupOpts{collector: enq})
+	b := setup(t, &setupOpts{sink: enq})
 	stepID := b.enqueue(t, "wf", []string{"DEV-1", "DEV-2"}, "U-1")
 	rs.Kill()
 	w := b.sender(nil)

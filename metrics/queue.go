@@ -1,15 +1,34 @@
 package metrics
 
 import (
-	"github.com/hibiken/asynq"
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// QueueCollector exports asynq's own view of its queues, read through its
-// Inspector at scrape time. asynq's x/metrics does the same but has no
-// semver tags to pin; this is the small part of it stepcollect needs.
+// QueueStats is one queue as the queue reports it at scrape time.
+type QueueStats struct {
+	Size    int           // tasks in every state but completed
+	Latency time.Duration // age of the oldest pending task
+	// tasks by state
+	Pending, Active, Scheduled, Retry, Archived, Completed int
+}
+
+// QueueReader reads the queues at scrape time (the binaries read asynq's
+// Inspector). An interface, so that the packages that only count
+// things of their own (delivery) do not link the queue.
+type QueueReader interface {
+	// Queues names the queues that exist.
+	Queues() ([]string, error)
+	// QueueStats reads one of them.
+	QueueStats(queue string) (QueueStats, error)
+}
+
+// QueueCollector exports asynq's own view of its queues, read at scrape
+// time. asynq's x/metrics does the same but has no semver tags to pin;
+// this is the small part of it stepcollect needs.
 type QueueCollector struct {
-	inspector *asynq.Inspector
+	inspector QueueReader
 	queues    []string
 
 	size    *prometheus.Desc
@@ -19,7 +38,7 @@ type QueueCollector struct {
 }
 
 // NewQueueCollector returns a collector for queues, read through inspector.
-func NewQueueCollector(inspector *asynq.Inspector, queues ...string) *QueueCollector {
+func NewQueueCollector(inspector QueueReader, queues ...string) *QueueCollector {
 	return &QueueCollector{
 		inspector: inspector,
 		queues:    queues,
@@ -62,7 +81,7 @@ func (c *QueueCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(c.latency, prometheus.GaugeValue, 0, q)
 			continue
 		}
-		info, err := c.inspector.GetQueueInfo(q)
+		info, err := c.inspector.QueueStats(q)
 		if err != nil {
 			up = 0
 			continue

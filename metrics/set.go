@@ -3,7 +3,6 @@ package metrics
 import (
 	"database/sql"
 
-	"github.com/hibiken/asynq"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
@@ -24,8 +23,8 @@ type Set struct {
 }
 
 // New registers the Go and process collectors, every stepcollect metric,
-// and, through inspector, asynq's view of queues.
-func New(inspector *asynq.Inspector, taskTypes []string, queues ...string) *Set {
+// and, through inspector, the queue's view of queues (none when nil).
+func New(inspector QueueReader, taskTypes []string, queues ...string) *Set {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	reg.MustRegister(NewBuildInfo(version.Get()))

@@ -52,7 +52,7 @@ func New(interval time.Duration, store Store, enq Enqueuer, logger zerolog.Logge
 // ProcessTask implements asynq.Handler: one run of both, and of the
 // re-push when there is one.
 func (s *Scheduler) ProcessTask(ctx context.Context, t *asynq.Task) error {
-	if _, err := tasks.ParseSweep(t); err != nil {
+	if _, err := tasks.ParseSlot(t); err != nil {
 		s.logger.Error().Err(err).Msg("unreadable schedule task")
 		return err
 	}

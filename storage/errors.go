@@ -47,10 +47,6 @@ var ErrUnknownCommand = &Error{Code: ENotFound, Message: "no step holds this com
 // was collected, or never was.
 var ErrStepNotFound = &Error{Code: ENotFound, Message: "no such step (it may have completed and been collected)"}
 
-// ErrEventNotClaimable is returned (wrapped) when an outbox event is gone
-// (delivered) or another delivery holds it right now.
-var ErrEventNotClaimable = &Error{Code: ENotFound, Message: "event delivered already, or being delivered elsewhere"}
-
 // ErrCommitUnknown is returned (wrapped) when a COMMIT's answer was lost and
 // nothing in the database can show whether it went through. The caller must
 // not assume either outcome.

@@ -15,31 +15,34 @@ import (
 // backend satisfies.
 type AllStorage = nanostorage.AllStorage
 
-// UnreferencedStep is a step to collect once nothing refers to it: one
-// whose id_commands rows a committed transaction deleted (the last of them,
-// or not: Collect checks), or one a read already saw unreferenced.
-// "Unreferenced" is terminal: id_commands rows are only ever inserted
+// ReleasedStep is a candidate for collection: a step some of whose
+// id_commands rows a committed transaction deleted (the last of them, or
+// not: it may still be referenced, and Collect checks), or one a read
+// already saw unreferenced (the sweeper's). "Unreferenced" is terminal: id_commands rows are only ever inserted
 // together with a new steps row, so a step can never gain a reference
 // again, and a check made after the commit that removed its last reference
 // sees it unreferenced however late it runs.
-type UnreferencedStep struct {
+type ReleasedStep struct {
 	ID int64 `json:"id"`
 	// ObservedAt is when the commit that released the step's rows
 	// finished. Collection lag is measured from here.
 	ObservedAt time.Time `json:"observed_at"`
 }
 
-// Collector takes the collection of released steps off the request path.
-// The storage calls it after its own transaction has committed, with every
-// step that transaction released rows of, unchecked: the check, the claim
-// and the deletes are the collector's (storage/mysql's Collect), batched.
-// The last release of a step is handed over after the commit that left it
-// unreferenced, so its check cannot miss it. An error is logged and
-// counted, never returned to the storage's caller (the result it committed
-// is what matters), and the step stays behind for a later collection or
-// sweep.
-type Collector interface {
-	CollectSteps(ctx context.Context, steps []UnreferencedStep) error
+// ReleaseSink is the storage's hook for the steps a commit released: the
+// storage calls it after its own transaction has committed, with every
+// step that transaction released rows of, unchecked, instead of checking
+// and collecting them inline. A sink, not a collector: what receives them
+// only passes them on (the api's collector.Handoff batches them onto the
+// queue, off the request path); the check, the claim and the deletes are
+// the collector's, later (storage/mysql's Collect, run by the collect
+// task). The last release of a step is handed over after the commit that
+// left it unreferenced, so its check cannot miss it. An error is logged
+// and counted, never returned to the storage's caller (the result it
+// committed is what matters), and the step stays behind for a later
+// collection or sweep.
+type ReleaseSink interface {
+	StepsReleased(ctx context.Context, steps []ReleasedStep) error
 }
 
 // CollectOutcome names what one collection attempt found for one step. The
@@ -158,15 +161,6 @@ type OutboxEvent struct {
 	// Age is how long ago the event was written, or released by an
 	// operator, when it was claimed (-max-delivery-age).
 	Age time.Duration
-}
-
-// EventSink learns of events the storage wrote to the outbox, after the
-// transaction that wrote them committed, to put their delivery on the
-// queue. Like the Collector, its error is logged, never returned: the
-// events are committed and stay in the outbox. The service does not use
-// one: its worker polls the outbox (delivery.Dispatcher).
-type EventSink interface {
-	EventsWritten(ctx context.Context, refs []OutboxRef) error
 }
 
 // Gauges are the figures every replica exports at scrape time, read from

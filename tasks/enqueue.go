@@ -12,8 +12,9 @@ import (
 	"github.com/stepcollect/stepcollect/storage"
 )
 
-// Enqueuer puts stepcollect's tasks on the queue. It is the storage's
-// Collector in the API and the sweep ticker's way in.
+// Enqueuer puts stepcollect's tasks on the queue: the collect tasks the
+// api's hand-off (collector.Handoff) batches, and the sweep and schedule
+// tasks of each interval slot.
 //
 // It never lets Redis hold up its caller for long: each enqueue has a short
 // deadline, and after a failure further enqueues fail at once for a moment
@@ -33,10 +34,7 @@ type Enqueuer struct {
 // after a recent failure.
 var ErrRedisCoolingDown = errors.New("redis unavailable a moment ago; not retrying yet (the sweeper will find the work)")
 
-var (
-	_ storage.Collector = (*Enqueuer)(nil)
-	_ storage.EventSink = (*Enqueuer)(nil)
-)
+var _ storage.ReleaseSink = (*Enqueuer)(nil)
 
 // EnqueuerOption configures an Enqueuer.
 type EnqueuerOption func(*Enqueuer)
@@ -73,9 +71,9 @@ func (e *Enqueuer) Close() error { return e.client.Close() }
 // Ping checks Redis.
 func (e *Enqueuer) Ping() error { return e.client.Ping() }
 
-// CollectSteps enqueues one collect task for steps. It implements
-// storage.Collector. A TaskID conflict is success: see the package doc.
-func (e *Enqueuer) CollectSteps(ctx context.Context, steps []storage.UnreferencedStep) error {
+// EnqueueCollect enqueues one collect task for steps. Collect tasks carry
+// no TaskID: see the package doc.
+func (e *Enqueuer) EnqueueCollect(ctx context.Context, steps []storage.ReleasedStep) error {
 	if len(steps) == 0 {
 		return nil
 	}
@@ -86,22 +84,12 @@ func (e *Enqueuer) CollectSteps(ctx context.Context, steps []storage.Unreference
 	return e.enqueue(ctx, t, opts)
 }
 
-// EventsWritten enqueues one delivery task per event. It implements
-// storage.EventSink for a library user who wants per-event tasks; the
-// service does not use it (the worker's dispatcher polls the outbox). It
-// stops at the first failure: the rest would fail too, and the events stay
-// in the outbox.
-func (e *Enqueuer) EventsWritten(ctx context.Context, refs []storage.OutboxRef) error {
-	for _, ref := range refs {
-		t, opts, err := NewDeliverTask(ref)
-		if err != nil {
-			return err
-		}
-		if err := e.enqueue(ctx, t, opts); err != nil {
-			return err
-		}
-	}
-	return nil
+// StepsReleased implements storage.ReleaseSink with one collect task per
+// commit, enqueued on the committing goroutine: for a storage that should
+// hand its releases straight to the queue, unbatched (tests, a library
+// user). The api batches them through collector.Handoff instead.
+func (e *Enqueuer) StepsReleased(ctx context.Context, steps []storage.ReleasedStep) error {
+	return e.EnqueueCollect(ctx, steps)
 }
 
 // EnqueueSchedule enqueues the schedule task of the slot starting at slot.
@@ -125,9 +113,9 @@ func (e *Enqueuer) EnqueueSweep(ctx context.Context, slot time.Time, interval ti
 
 type noCooldownKey struct{}
 
-// withoutCooldown marks ctx as a last attempt (a stop's final flush): it
+// WithoutCooldown marks ctx as a last attempt (a stop's final flush): it
 // tries Redis even during the cool-down, since there is no later attempt.
-func withoutCooldown(ctx context.Context) context.Context {
+func WithoutCooldown(ctx context.Context) context.Context {
 	return context.WithValue(ctx, noCooldownKey{}, true)
 }
 

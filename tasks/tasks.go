@@ -11,7 +11,7 @@
 // is still active.
 //
 // So collect tasks carry no TaskID at all. Each process gathers the steps
-// its commits released for a few milliseconds (Handoff) and enqueues one
+// its commits released for a few milliseconds (collector.Handoff) and enqueues one
 // task for all of them, off the request path. The task checks each step
 // without a lock, claims the unreferenced ones with FOR UPDATE SKIP LOCKED
 // and deletes them. The last release of a step is handed over after the
@@ -24,7 +24,7 @@
 //
 // What the queue cannot protect against, it does not try to: a hand-off
 // lost outright (a process killed between commit and enqueue, or more
-// released steps than Handoff keeps while Redis is down) is found by the
+// released steps than the hand-off keeps while Redis is down) is found by the
 // sweeper, which pages through the steps table.
 //
 // # Why sweeps do not multiply with replicas
@@ -56,27 +56,24 @@ const (
 	TypeCollect  = "stepcollect:collect"
 	TypeSweep    = "stepcollect:sweep"
 	TypeSchedule = "stepcollect:schedule"
-	TypeDeliver  = "stepcollect:deliver"
 )
 
 // TaskTypes lists every task type, for metrics labels.
-func TaskTypes() []string { return []string{TypeCollect, TypeSweep, TypeSchedule, TypeDeliver} }
+func TaskTypes() []string { return []string{TypeCollect, TypeSweep, TypeSchedule} }
 
 // Queues. Sweeps and schedules have their own queue so a backlog of collect
 // tasks never delays the sweep that would find what the backlog cannot.
-// Deliveries have their own queue, served by their own asynq server in the
-// worker, so a slow or hung callback receiver never holds up collection.
+// Events are not queued: the worker's dispatcher polls the outbox.
 const (
 	QueueCollect = "stepcollect"
 	QueueSweep   = "stepcollect_sweep"
-	QueueDeliver = "stepcollect_deliver"
 )
 
 // Queues returns the worker's collection queues with their priorities.
 func Queues() map[string]int { return map[string]int{QueueCollect: 6, QueueSweep: 4} }
 
 // AllQueues lists every queue, for metrics.
-func AllQueues() []string { return []string{QueueCollect, QueueSweep, QueueDeliver} }
+func AllQueues() []string { return []string{QueueCollect, QueueSweep} }
 
 // PayloadVersion is the version of the payloads this build writes. A
 // handler refuses versions it does not know, without retrying, so a rolling
@@ -103,35 +100,21 @@ type CollectStep struct {
 	ObservedAt time.Time `json:"observed_at"`
 }
 
-// UnreferencedSteps is the payload's steps as the storage takes them.
-func (p CollectPayload) UnreferencedSteps() []storage.UnreferencedStep {
-	out := make([]storage.UnreferencedStep, len(p.Steps))
+// ReleasedSteps is the payload's steps as the storage takes them.
+func (p CollectPayload) ReleasedSteps() []storage.ReleasedStep {
+	out := make([]storage.ReleasedStep, len(p.Steps))
 	for i, st := range p.Steps {
-		out[i] = storage.UnreferencedStep{ID: st.ID, ObservedAt: st.ObservedAt}
+		out[i] = storage.ReleasedStep{ID: st.ID, ObservedAt: st.ObservedAt}
 	}
 	return out
 }
 
-// SweepPayload asks for one sweep (or schedule run), for the interval slot
-// starting at Slot.
-type SweepPayload struct {
+// SlotPayload is the payload of a periodic task, a sweep or a schedule
+// run: one run for the interval slot starting at Slot (its TaskID names
+// the slot, so that replicas enqueue it once between them).
+type SlotPayload struct {
 	Version int       `json:"v"`
 	Slot    time.Time `json:"slot"`
-}
-
-// DeliverPayload asks for one outbox event to be delivered (written by
-// builds before the outbox dispatcher; still read).
-type DeliverPayload struct {
-	Version int          `json:"v"`
-	Event   DeliverEvent `json:"event"`
-}
-
-// DeliverEvent names the outbox row of a deliver payload.
-type DeliverEvent struct {
-	ID       int64  `json:"id"`
-	EventID  string `json:"event_id"`
-	Type     string `json:"type"`
-	Attempts int    `json:"attempts"`
 }
 
 // Collect options: retried soon (CollectRetryDelay) when MySQL fails or a
@@ -142,7 +125,7 @@ const (
 )
 
 // NewCollectTask builds the collect task for steps and its options.
-func NewCollectTask(steps []storage.UnreferencedStep) (*asynq.Task, []asynq.Option, error) {
+func NewCollectTask(steps []storage.ReleasedStep) (*asynq.Task, []asynq.Option, error) {
 	p := CollectPayload{Version: PayloadVersion, Steps: make([]CollectStep, len(steps))}
 	for i, st := range steps {
 		p.Steps[i] = CollectStep{ID: st.ID, ObservedAt: st.ObservedAt}
@@ -182,7 +165,7 @@ func NewScheduleTask(slot time.Time, interval time.Duration) (*asynq.Task, []asy
 }
 
 func newSlotTask(typ, idPrefix string, slot time.Time, interval time.Duration) (*asynq.Task, []asynq.Option, error) {
-	b, err := json.Marshal(SweepPayload{Version: PayloadVersion, Slot: slot.UTC()})
+	b, err := json.Marshal(SlotPayload{Version: PayloadVersion, Slot: slot.UTC()})
 	if err != nil {
 		return nil, nil, err
 	}
@@ -198,48 +181,6 @@ func newSlotTask(typ, idPrefix string, slot time.Time, interval time.Duration) (
 	}, nil
 }
 
-// Delivery options. Retries back off exponentially, deterministically, so
-// the handler can lease the event for exactly as long as asynq waits.
-const (
-	DeliverMaxRetry = 8
-	deliverTimeout  = 45 * time.Second // the callback's 30 s and some
-)
-
-// NewDeliverTask builds the delivery task of one outbox event. The event's
-// lease in the outbox keeps two deliveries apart; the TaskID, which names
-// the row and its attempts so far, keeps the sweeper from queueing the same
-// offer twice while the first still waits behind a backlog. After a real
-// attempt the count moves on, and a new offer is a new task.
-func NewDeliverTask(ref storage.OutboxRef) (*asynq.Task, []asynq.Option, error) {
-	b, err := json.Marshal(DeliverPayload{Version: PayloadVersion,
-		Event: DeliverEvent{ID: ref.ID, EventID: ref.EventID, Type: ref.Type, Attempts: ref.Attempts}})
-	if err != nil {
-		return nil, nil, err
-	}
-	return asynq.NewTask(TypeDeliver, b), []asynq.Option{
-		asynq.Queue(QueueDeliver), asynq.MaxRetry(DeliverMaxRetry), asynq.Timeout(deliverTimeout),
-		asynq.TaskID(fmt.Sprintf("deliver:%d:%d", ref.ID, ref.Attempts)),
-	}, nil
-}
-
-// ParseDeliver reads a delivery task's payload.
-func ParseDeliver(t *asynq.Task) (DeliverPayload, error) {
-	var p DeliverPayload
-	if err := json.Unmarshal(t.Payload(), &p); err != nil {
-		return p, fmt.Errorf("deliver payload: %v: %w", err, asynq.SkipRetry)
-	}
-	if p.Version != PayloadVersion || p.Event.ID < 1 {
-		return p, fmt.Errorf("deliver payload version %d, event %d: %w: %w", p.Version, p.Event.ID, ErrUnknownVersion, asynq.SkipRetry)
-	}
-	return p, nil
-}
-
-// DeliverRetryDelay is how long asynq waits before retry n+1 of a delivery
-// that has been retried n times: 2, 4, 8 … seconds, at most two minutes.
-func DeliverRetryDelay(n int) time.Duration {
-	return min(time.Duration(1<<min(n+1, 16))*time.Second, 2*time.Minute)
-}
-
 // CollectRetryDelay is how long asynq waits before retry n+1 of a collect
 // task: 1, 2, 4 … seconds, at most 8. A collect task fails mostly because
 // a claim kept being skipped (a lock held for milliseconds) or MySQL
@@ -250,27 +191,23 @@ func CollectRetryDelay(n int) time.Duration {
 	return min(time.Second<<min(n, 16), 8*time.Second)
 }
 
-// RetryDelay is the worker's asynq RetryDelayFunc: deliveries and collect
-// tasks back off as DeliverRetryDelay and CollectRetryDelay say, everything
-// else as asynq does by default.
+// RetryDelay is the worker's asynq RetryDelayFunc: collect tasks back off
+// as CollectRetryDelay says, everything else as asynq does by default.
 func RetryDelay(n int, err error, t *asynq.Task) time.Duration {
-	switch t.Type() {
-	case TypeDeliver:
-		return DeliverRetryDelay(n)
-	case TypeCollect:
+	if t.Type() == TypeCollect {
 		return CollectRetryDelay(n)
 	}
 	return asynq.DefaultRetryDelayFunc(n, err, t)
 }
 
-// ParseSweep reads a sweep task's payload.
-func ParseSweep(t *asynq.Task) (SweepPayload, error) {
-	var p SweepPayload
+// ParseSlot reads a sweep or schedule task's payload.
+func ParseSlot(t *asynq.Task) (SlotPayload, error) {
+	var p SlotPayload
 	if err := json.Unmarshal(t.Payload(), &p); err != nil {
-		return p, fmt.Errorf("sweep payload: %v: %w", err, asynq.SkipRetry)
+		return p, fmt.Errorf("%s payload: %v: %w", t.Type(), err, asynq.SkipRetry)
 	}
 	if p.Version != PayloadVersion {
-		return p, fmt.Errorf("sweep payload version %d: %w: %w", p.Version, ErrUnknownVersion, asynq.SkipRetry)
+		return p, fmt.Errorf("%s payload version %d: %w: %w", t.Type(), p.Version, ErrUnknownVersion, asynq.SkipRetry)
 	}
 	return p, nil
 }

@@ -14,7 +14,7 @@ import (
 
 func TestCollectPayloadRoundTripsWithItsVersion(t *testing.T) {
 	at := time.Date(2026, 11, 29, 10, 0, 0, 0, time.UTC)
-	task, _, err := tasks.NewCollectTask([]storage.UnreferencedStep{{ID: 7, ObservedAt: at}, {ID: 9}})
+	task, _, err := tasks.NewCollectTask([]storage.ReleasedStep{{ID: 7, ObservedAt: at}, {ID: 9}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,9 +36,9 @@ func TestEnqueuerTreatsASlotConflictAsSuccessAndNeverDeduplicatesCollects(t *tes
 	var failures []string
 	e := tasks.NewEnqueuer(opt, tasks.OnEnqueueFailure(func(task string) { failures = append(failures, task) }))
 	defer e.Close()
-	step := []storage.UnreferencedStep{{ID: 42, ObservedAt: time.Now()}}
+	step := []storage.ReleasedStep{{ID: 42, ObservedAt: time.Now()}}
 	for range 3 {
-		if err := e.CollectSteps(t.Context(), step); err != nil {
+		if err := e.EnqueueCollect(t.Context(), step); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -67,12 +67,12 @@ func TestEnqueuerFailsFastWhileRedisIsDown(t *testing.T) {
 	e := tasks.NewEnqueuer(opt, tasks.WithCooldown(time.Hour), tasks.OnEnqueueFailure(func(string) { failures++ }))
 	defer e.Close()
 	rs.Kill()
-	step := []storage.UnreferencedStep{{ID: 1}}
-	if err := e.CollectSteps(t.Context(), step); err == nil {
+	step := []storage.ReleasedStep{{ID: 1}}
+	if err := e.EnqueueCollect(t.Context(), step); err == nil {
 		t.Fatal("enqueue with Redis down succeeded")
 	}
 	// within the cooldown the enqueuer does not even try
-	err := e.CollectSteps(t.Context(), step)
+	err := e.EnqueueCollect(t.Context(), step)
 	if !errors.Is(err, tasks.ErrRedisCoolingDown) {
 		t.Errorf("second enqueue: %v, want ErrRedisCoolingDown", err)
 	}
@@ -85,22 +85,24 @@ func TestEnqueuerFailsFastWhileRedisIsDown(t *testing.T) {
 // here, not silently change what a worker of another build reads.
 func TestPayloadWireFormat(t *testing.T) {
 	at := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
-	task, _, err := tasks.NewCollectTask([]storage.UnreferencedStep{{ID: 7, ObservedAt: at}})
+	task, _, err := tasks.NewCollectTask([]storage.ReleasedStep{{ID: 7, ObservedAt: at}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if got, want := string(task.Payload()), `{"v":1,"steps":[{"id":7,"observed_at":"2026-11-29T12:00:00Z"}]}`; got != want {
 		t.Errorf("collect payload\n got %s\nwant %s", got, want)
 	}
-	task, _, err = tasks.NewDeliverTask(storage.OutboxRef{ID: 3, EventID: "e", Type: "step.completed", Attempts: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got, want := string(task.Payload()), `{"v":1,"event":{"id":3,"event_id":"e","type":"step.completed","attempts":2}}`; got != want {
-		t.Errorf("deliver payload\n got %s\nwant %s", got, want)
+	for _, mk := range []func(time.Time, time.Duration) (*asynq.Task, []asynq.Option, error){tasks.NewSweepTask, tasks.NewScheduleTask} {
+		task, _, err = mk(at, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, want := string(task.Payload()), `{"v":1,"slot":"2026-11-29T12:00:00Z"}`; got != want {
+			t.Errorf("%s payload\n got %s\nwant %s", task.Type(), got, want)
+		}
 	}
 	p, err := tasks.ParseCollect(asynq.NewTask(tasks.TypeCollect, []byte(`{"v":1,"steps":[{"id":9,"observed_at":"2026-11-29T12:00:00Z"}]}`)))
-	if err != nil || len(p.UnreferencedSteps()) != 1 || p.UnreferencedSteps()[0].ID != 9 || !p.UnreferencedSteps()[0].ObservedAt.Equal(at) {
+	if err != nil || len(p.ReleasedSteps()) != 1 || p.ReleasedSteps()[0].ID != 9 || !p.ReleasedSteps()[0].ObservedAt.Equal(at) {
 		t.Errorf("reading a version-1 collect payload: %+v, %v", p, err)
 	}
 }

@@ -57,7 +57,7 @@ func TestWorkerKilledMidBatchAndRestartedCollectsEverything(t *testing.T) {
 	redisOpt, _ := asynq.ParseRedisURI(rs.URL)
 	enq := tasks.NewEnqueuer(redisOpt)
 	defer enq.Close()
-	results, err := stepmysql.New(stepmysql.WithDB(db.DB), stepmysql.WithCollector(enq))
+	results, err := stepmysql.New(stepmysql.WithDB(db.DB), stepmysql.WithReleaseSink(enq))
 	if err != nil {
 		t.Fatal(err)
 	}

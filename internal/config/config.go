@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
-	"github.com/hibiken/asynq"
 
 	"github.com/stepcollect/stepcollect/internal/version"
 )
@@ -285,10 +284,13 @@ func MySQLDSN(flagName string, dsn *string) func() error {
 	}
 }
 
-// RedisURL checks a redis://, rediss:// or redis-sentinel:// URL.
-func RedisURL(flagName string, u *string) func() error {
+// RedisURL checks a redis://, rediss:// or redis-sentinel:// URL. parse is
+// the queue's own reading of it (asynq.ParseRedisURI's); it is passed in so
+// that what imports this package for its redaction (delivery) does not
+// link the queue.
+func RedisURL(flagName string, u *string, parse func(string) error) func() error {
 	return func() error {
-		if _, err := asynq.ParseRedisURI(*u); err != nil {
+		if err := parse(*u); err != nil {
 			return fmt.Errorf("-%s: %s", flagName, Redact(err.Error(), *u))
 		}
 		// asynq accepts a Sentinel URL without the master's name, and

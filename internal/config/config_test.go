@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hibiken/asynq"
+
 	"github.com/stepcollect/stepcollect/internal/config"
 )
 
@@ -48,7 +50,7 @@ func TestBadValuesAreOneLineNamingTheFlag(t *testing.T) {
 		url := s.String("url", "T_URL", "", "")
 		listen := s.String("listen", "T_LISTEN", "127.0.0.1:1", "")
 		s.Check(config.MySQLDSN("dsn", dsn))
-		s.Check(config.RedisURL("redis", redis))
+		s.Check(config.RedisURL("redis", redis, parseRedisURL))
 		s.Check(config.HTTPURL("url", url))
 		s.Check(config.ListenAddr("listen", listen))
 		err := s.Parse(tc.args)
@@ -144,3 +146,6 @@ func TestRedactDSNReplacesOnlyThePassword(t *testing.T) {
 		}
 	}
 }
+
+// parseRedisURL is the binaries' parse of -redis-url (app's).
+func parseRedisURL(u string) error { _, err := asynq.ParseRedisURI(u); return err }

@@ -29,7 +29,7 @@ func TestRefusalsNameTheFlagButShowNoPassword(t *testing.T) {
 		redis := s.URL("redis-url", "T_REDIS", "redis://127.0.0.1:6379/0", "")
 		callback := s.URL("callback-url", "T_CALLBACK", "", "")
 		s.Check(config.MySQLDSN("mysql-dsn", dsn))
-		s.Check(config.RedisURL("redis-url", redis))
+		s.Check(config.RedisURL("redis-url", redis, parseRedisURL))
 		s.Check(config.HTTPURL("callback-url", callback))
 		err := s.Parse([]string{"-" + tc.flag, tc.value})
 		if err == nil {

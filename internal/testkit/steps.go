@@ -113,10 +113,10 @@ func V1StepJSON(n, m int) []byte {
 	return b.Bytes()
 }
 
-// DropCollector loses every hand-off, leaving unreferenced steps behind, as
+// DropReleases loses every hand-off, leaving unreferenced steps behind, as
 // a process killed between a commit and its enqueue would: only a sweep
 // finds them.
-type DropCollector struct{}
+type DropReleases struct{}
 
-// CollectSteps implements storage.Collector and does nothing.
-func (DropCollector) CollectSteps(context.Context, []storage.UnreferencedStep) error { return nil }
+// StepsReleased implements storage.ReleaseSink and does nothing.
+func (DropReleases) StepsReleased(context.Context, []storage.ReleasedStep) error { return nil }

@@ -13,9 +13,9 @@ import (
 )
 
 // afterRelease runs after a transaction that deleted id_commands rows of
-// stepIDs has committed. With a Collector it hands them over at once,
-// unchecked: the collector checks, claims and deletes them in batches, off
-// the request path. Without one it asks, without a lock, which of those
+// stepIDs has committed. With a ReleaseSink it hands them over at once,
+// unchecked: the collect task checks, claims and deletes them in batches,
+// off the request path. Without one it asks, without a lock, which of those
 // steps are now unreferenced, and collects them inline.
 //
 // The last enrollment to commit always sees the step unreferenced: every
@@ -30,13 +30,13 @@ func (s *Storage) afterRelease(ctx context.Context, stepIDs []int64) {
 	if len(stepIDs) == 0 {
 		return
 	}
-	if s.collector != nil {
+	if s.sink != nil {
 		now := time.Now()
-		released := make([]storage.UnreferencedStep, len(stepIDs))
+		released := make([]storage.ReleasedStep, len(stepIDs))
 		for i, id := range stepIDs {
-			released[i] = storage.UnreferencedStep{ID: id, ObservedAt: now}
+			released[i] = storage.ReleasedStep{ID: id, ObservedAt: now}
 		}
-		if err := s.collector.CollectSteps(ctx, released); err != nil {
+		if err := s.sink.StepsReleased(ctx, released); err != nil {
 			s.logger.Warn().Err(err).Ints64(logkeys.StepIDs, stepIDs).Msg("handing steps to the collector; the sweeper will find them")
 		}
 		return
@@ -46,11 +46,11 @@ func (s *Storage) afterRelease(ctx context.Context, stepIDs []int64) {
 	defer func() { s.observer.StepsCollected(res, observed) }()
 
 	now := time.Now()
-	var unref []storage.UnreferencedStep
+	var unref []storage.ReleasedStep
 	err := chunks(stepIDs, maxInList, func(batch []int64) error {
 		u, err := s.checkSteps(ctx, batch, res)
 		for _, id := range u {
-			unref = append(unref, storage.UnreferencedStep{ID: id, ObservedAt: now})
+			unref = append(unref, storage.ReleasedStep{ID: id, ObservedAt: now})
 		}
 		return err
 	})
@@ -77,13 +77,13 @@ func (s *Storage) afterRelease(ctx context.Context, stepIDs []int64) {
 // returns an error wrapping storage.ErrClaimSkipped naming it, so that the
 // caller tries again later. It is what the asynq collector and the sweeper
 // call.
-func (s *Storage) Collect(ctx context.Context, steps []storage.UnreferencedStep) (storage.CollectResult, error) {
+func (s *Storage) Collect(ctx context.Context, steps []storage.ReleasedStep) (storage.CollectResult, error) {
 	res := storage.CollectResult{}
 	var observed []time.Time
 	defer func() { s.observer.StepsCollected(res, observed) }()
 
 	var skipped []error // the other batches still get their turn
-	err := chunks(steps, maxInList, func(batch []storage.UnreferencedStep) error {
+	err := chunks(steps, maxInList, func(batch []storage.ReleasedStep) error {
 		unrefIDs, err := s.checkSteps(ctx, ids(batch), res)
 		if err != nil {
 			res[storage.CollectError] += len(batch)
@@ -93,7 +93,7 @@ func (s *Storage) Collect(ctx context.Context, steps []storage.UnreferencedStep)
 		for _, id := range unrefIDs {
 			keep[id] = true
 		}
-		var unref []storage.UnreferencedStep
+		var unref []storage.ReleasedStep
 		for _, st := range batch {
 			if keep[st.ID] {
 				unref = append(unref, st)
@@ -167,7 +167,7 @@ const (
 // still held after claimRetries is counted claimed_elsewhere and returned
 // as an error wrapping storage.ErrClaimSkipped: it is not collected, and
 // nobody may assume it will be.
-func (s *Storage) claimUntilGone(ctx context.Context, unref []storage.UnreferencedStep, res storage.CollectResult) ([]time.Time, error) {
+func (s *Storage) claimUntilGone(ctx context.Context, unref []storage.ReleasedStep, res storage.CollectResult) ([]time.Time, error) {
 	var observed []time.Time
 	pause := claimRetryBase
 	for try := 0; ; try++ {
@@ -214,7 +214,7 @@ func (s *Storage) claimUntilGone(ctx context.Context, unref []storage.Unreferenc
 // It counts the collected ones into res and returns, for each step it
 // deleted, when that step was first observed unreferenced, and the steps
 // the claim skipped.
-func (s *Storage) claimAndDelete(ctx context.Context, unref []storage.UnreferencedStep, res storage.CollectResult) ([]time.Time, []storage.UnreferencedStep, error) {
+func (s *Storage) claimAndDelete(ctx context.Context, unref []storage.ReleasedStep, res storage.CollectResult) ([]time.Time, []storage.ReleasedStep, error) {
 	if len(unref) == 0 {
 		return nil, nil, nil
 	}
@@ -243,7 +243,7 @@ func (s *Storage) claimAndDelete(ctx context.Context, unref []storage.Unreferenc
 		isClaimed[id] = true
 	}
 	var observed []time.Time
-	var skipped []storage.UnreferencedStep
+	var skipped []storage.ReleasedStep
 	for _, st := range unref {
 		if isClaimed[st.ID] {
 			observed = append(observed, st.ObservedAt)
@@ -255,7 +255,7 @@ func (s *Storage) claimAndDelete(ctx context.Context, unref []storage.Unreferenc
 	return observed, skipped, nil
 }
 
-func ids(steps []storage.UnreferencedStep) []int64 {
+func ids(steps []storage.ReleasedStep) []int64 {
 	out := make([]int64, len(steps))
 	for i, st := range steps {
 		out[i] = st.ID

@@ -54,18 +54,16 @@ func (s *Storage) StoreCommandResponseAndRetrieveCompletedStep(ctx context.Conte
 	}
 
 	var (
-		ret     *nanostorage.StepResult
-		stepID  int64
-		written []storage.OutboxRef
+		ret    *nanostorage.StepResult
+		stepID int64
 		// What the last try that completed the step computed, kept only
 		// as the question to settle if its COMMIT answer is lost.
-		prev        *nanostorage.StepResult
-		prevWritten []storage.OutboxRef
-		prevStepID  int64
+		prev       *nanostorage.StepResult
+		prevStepID int64
 	)
 	start := time.Now()
 	err := s.inTx(ctx, storage.OpStoreResult, func(ctx context.Context, tx *sql.Tx, a *attempt) error {
-		ret, written, stepID = nil, nil, 0
+		ret, stepID = nil, 0
 		rows, err := lockEnrollmentStepRows(ctx, tx, id, sc.CommandUUID)
 		if err != nil {
 			return err
@@ -80,7 +78,7 @@ func (s *Storage) StoreCommandResponseAndRetrieveCompletedStep(ctx context.Conte
 					return err
 				}
 				if committed {
-					ret, written, stepID = prev, prevWritten, prevStepID
+					ret, stepID = prev, prevStepID
 					return nil
 				}
 			}
@@ -151,13 +149,11 @@ func (s *Storage) StoreCommandResponseAndRetrieveCompletedStep(ctx context.Conte
 			return fmt.Errorf("releasing step %d: %w", stepID, err)
 		}
 		if s.outbox {
-			ref, err := s.insertEvent(ctx, tx, events.FromStepResult(events.StepCompleted, stepID, ret, time.Now()), id)
-			if err != nil {
+			if _, err := s.insertEvent(ctx, tx, events.FromStepResult(events.StepCompleted, stepID, ret, time.Now()), id); err != nil {
 				return err
 			}
-			written = []storage.OutboxRef{ref}
 		}
-		prev, prevWritten, prevStepID = ret, written, stepID
+		prev, prevStepID = ret, stepID
 		return nil
 	})
 	s.observer.ResultCommitted(time.Since(start), ret != nil, err)
@@ -182,7 +178,6 @@ func (s *Storage) StoreCommandResponseAndRetrieveCompletedStep(ctx context.Conte
 	if ret == nil {
 		return nil, nil
 	}
-	s.eventsWritten(ctx, written)
 	s.afterRelease(ctx, []int64{stepID})
 	return ret, nil
 }

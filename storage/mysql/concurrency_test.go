@@ -317,23 +317,23 @@ func TestNotUntilStepStillTimesOutAfterItWasSent(t *testing.T) {
 	}
 }
 
-// failingCollector simulates a process that committed its result and then
+// failingSink simulates a process that committed its result and then
 // died (or lost Redis) before collecting.
-type failingCollector struct {
+type failingSink struct {
 	mu    sync.Mutex
-	steps []storage.UnreferencedStep
+	steps []storage.ReleasedStep
 }
 
-func (f *failingCollector) CollectSteps(_ context.Context, steps []storage.UnreferencedStep) error {
+func (f *failingSink) StepsReleased(_ context.Context, steps []storage.ReleasedStep) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.steps = append(f.steps, steps...)
-	return errors.New("collector unavailable")
+	return errors.New("queue unavailable")
 }
 
 func TestCrashBetweenCommitAndCollectionLeavesAStepALaterCollectReclaims(t *testing.T) {
-	col := &failingCollector{}
-	b := setup(t, &setupOpts{collector: col})
+	sink := &failingSink{}
+	b := setup(t, &setupOpts{sink: sink})
 	ctx := t.Context()
 	step := testkit.FanOut("crash", 50, 1)
 	step.NotUntil = time.Now().Add(time.Hour) // raw commands must go too
@@ -350,17 +350,17 @@ func TestCrashBetweenCommitAndCollectionLeavesAStepALaterCollectReclaims(t *test
 	})
 	for i, err := range errs {
 		if err != nil {
-			t.Errorf("%s: a collector failure must not fail the result: %v", step.IDs[i], err)
+			t.Errorf("%s: a failed hand-off must not fail the result: %v", step.IDs[i], err)
 		}
 	}
 	if c := countRows(t, b.db.DB); c != (testkit.StepRows{Steps: 1, StepCommands: 1}) {
 		t.Fatalf("after the failed hand-off: %+v, want the unreferenced step and its raw command", c)
 	}
-	if len(col.steps) == 0 {
-		t.Fatal("the collector was never offered the step")
+	if len(sink.steps) == 0 {
+		t.Fatal("the sink was never offered the step")
 	}
 
-	res, err := b.store.Collect(ctx, col.steps)
+	res, err := b.store.Collect(ctx, sink.steps)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -371,7 +371,7 @@ func TestCrashBetweenCommitAndCollectionLeavesAStepALaterCollectReclaims(t *test
 		t.Errorf("rows left after the later collection: %+v", c)
 	}
 	// collecting again is harmless
-	res, err = b.store.Collect(ctx, col.steps)
+	res, err = b.store.Collect(ctx, sink.steps)
 	if err != nil || res[storage.CollectGone] != 1 || res[storage.CollectCollected] != 0 {
 		t.Errorf("second collection: %v, %v; want the one step gone", res, err)
 	}

@@ -13,7 +13,8 @@
 //     REPEATABLE READ a transaction's snapshot would predate its peers'
 //     deletes and nobody would ever see the step unreferenced), and answered
 //     by a FOR UPDATE SKIP LOCKED claim and point deletes, or handed to a
-//     Collector (the asynq worker) to do later.
+//     ReleaseSink (the api's hand-off to the queue) for the worker to do
+//     later.
 //   - That is safe because "unreferenced" is terminal: id_commands rows are
 //     inserted only in the transaction that creates their own new step.
 //   - Deadlocks (1213), lock wait timeouts (1205) and connections that break
@@ -40,15 +41,14 @@ import (
 // Storage implements NanoCMD's storage.AllStorage on MySQL 8.0.19+ and
 // MariaDB 10.6+.
 type Storage struct {
-	db        *sql.DB
-	ownDB     bool
-	logger    zerolog.Logger
-	collector storage.Collector
-	observer  storage.Observer
-	txOpts    *sql.TxOptions
-	outbox    bool
-	sink      storage.EventSink
-	steps     *stepCache
+	db       *sql.DB
+	ownDB    bool
+	logger   zerolog.Logger
+	sink     storage.ReleaseSink
+	observer storage.Observer
+	txOpts   *sql.TxOptions
+	outbox   bool
+	steps    *stepCache
 	// maxPacket is the server's max_allowed_packet (or WithMaxPacket's),
 	// which every statement and so every event must fit.
 	maxPacket int
@@ -64,12 +64,11 @@ type config struct {
 	db          *sql.DB
 	dsn         string
 	logger      zerolog.Logger
-	collector   storage.Collector
+	sink        storage.ReleaseSink
 	observer    storage.Observer
 	isolation   sql.IsolationLevel
 	maxAttempts int
 	outbox      bool
-	sink        storage.EventSink
 	maxPacket   int
 }
 
@@ -89,9 +88,9 @@ func WithDSN(dsn string) Option { return func(c *config) { c.dsn = dsn } }
 // does not return (collection failures) and its retries, at debug level.
 func WithLogger(l zerolog.Logger) Option { return func(c *config) { c.logger = l } }
 
-// WithCollector hands unreferenced steps to col after each commit instead of
-// collecting them inline.
-func WithCollector(col storage.Collector) Option { return func(c *config) { c.collector = col } }
+// WithReleaseSink hands the steps each commit released to sink, after the
+// commit, instead of collecting them inline.
+func WithReleaseSink(sink storage.ReleaseSink) Option { return func(c *config) { c.sink = sink } }
 
 // WithObserver reports retries, commit latency and collections to o.
 func WithObserver(o storage.Observer) Option { return func(c *config) { c.observer = o } }
@@ -108,10 +107,6 @@ func WithIsolation(l sql.IsolationLevel) Option { return func(c *config) { c.iso
 // committed it. The service uses it; NanoCMD, which takes the returned step
 // directly, does not need it.
 func WithOutbox() Option { return func(c *config) { c.outbox = true } }
-
-// WithEventSink tells sink, after each commit, which events it wrote to the
-// outbox, so their delivery can be queued at once.
-func WithEventSink(sink storage.EventSink) Option { return func(c *config) { c.sink = sink } }
 
 // WithMaxAttempts bounds how many times one transaction is tried when it hits
 // a deadlock, a lock wait timeout or a broken connection. Default 10.
@@ -133,10 +128,9 @@ func New(opts ...Option) (*Storage, error) {
 	s := &Storage{
 		db:          cfg.db,
 		logger:      cfg.logger,
-		collector:   cfg.collector,
+		sink:        cfg.sink,
 		observer:    cfg.observer,
 		outbox:      cfg.outbox,
-		sink:        cfg.sink,
 		steps:       newStepCache(4096, 10*time.Minute),
 		maxAttempts: max(cfg.maxAttempts, 1),
 		backoffBase: 5 * time.Millisecond,

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/stepcollect/stepcollect/events"
-	"github.com/stepcollect/stepcollect/logkeys"
 	"github.com/stepcollect/stepcollect/storage"
 )
 
@@ -33,46 +32,6 @@ func (s *Storage) insertEvent(ctx context.Context, tx *sql.Tx, ev *events.Event,
 		return storage.OutboxRef{}, fmt.Errorf("writing %s event %s to the outbox: %w", ev.Type, ev.EventID, err)
 	}
 	return storage.OutboxRef{ID: id, EventID: ev.EventID, Type: ev.Type}, nil
-}
-
-// eventsWritten tells the event sink, after the commit, what was written.
-func (s *Storage) eventsWritten(ctx context.Context, refs []storage.OutboxRef) {
-	if s.sink == nil || len(refs) == 0 {
-		return
-	}
-	if err := s.sink.EventsWritten(ctx, refs); err != nil {
-		s.logger.Warn().Err(err).Int(logkeys.Count, len(refs)).Msg("handing events to delivery; the sweeper will offer them again")
-	}
-}
-
-// ClaimEvent claims outbox row id for delivery until now+lease and returns
-// it. An event already delivered, or held by another delivery, is an error
-// wrapping storage.ErrEventNotClaimable, and so is any event while delivery
-// is paused or while it is held.
-func (s *Storage) ClaimEvent(ctx context.Context, id int64, lease time.Duration) (*storage.OutboxEvent, error) {
-	if st, err := s.DeliveryState(ctx); err != nil {
-		return nil, fmt.Errorf("claiming event %d: %w", id, err)
-	} else if st.Paused {
-		return nil, fmt.Errorf("event %d: delivery paused: %w", id, storage.ErrEventNotClaimable)
-	}
-	now := time.Now()
-	res, err := s.db.ExecContext(ctx, qClaimEvent, dbTime(now.Add(lease)), id, dbTime(now))
-	if err != nil {
-		return nil, fmt.Errorf("claiming event %d: %w", id, err)
-	}
-	if n, err := res.RowsAffected(); err != nil {
-		return nil, fmt.Errorf("claiming event %d: %w", id, err)
-	} else if n == 0 {
-		return nil, fmt.Errorf("event %d: %w", id, storage.ErrEventNotClaimable)
-	}
-	ev := &storage.OutboxEvent{OutboxRef: storage.OutboxRef{ID: id}}
-	err = s.db.QueryRowContext(ctx, qGetEvent, id).Scan(&ev.EventID, &ev.Type, &ev.Payload, &ev.Attempts)
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, fmt.Errorf("event %d: %w", id, storage.ErrEventNotClaimable)
-	} else if err != nil {
-		return nil, fmt.Errorf("reading event %d: %w", id, err)
-	}
-	return ev, nil
 }
 
 // ClaimDueEvents claims up to limit events that nobody is delivering, for
@@ -150,14 +109,6 @@ func (s *Storage) AckEvents(ctx context.Context, ids []int64) error {
 		}
 		return nil
 	})
-}
-
-// AckEvent removes a delivered event from the outbox.
-func (s *Storage) AckEvent(ctx context.Context, id int64) error {
-	if _, err := s.db.ExecContext(ctx, qAckEvent, id); err != nil {
-		return fmt.Errorf("acknowledging event %d: %w", id, err)
-	}
-	return nil
 }
 
 // FailEvent records a failed delivery and leaves the event alone until

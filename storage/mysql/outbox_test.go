@@ -1,9 +1,7 @@
 package mysql_test
 
 import (
-	"context"
 	"encoding/json"
-	"errors"
 	"testing"
 	"time"
 
@@ -127,23 +125,8 @@ func TestStepStatusCountsOutstandingEnrollmentsUntilCollected(t *testing.T) {
 	}
 }
 
-type recordingSink struct {
-	mu   chan struct{}
-	refs []storage.OutboxRef
-}
-
-func newRecordingSink() *recordingSink { return &recordingSink{mu: make(chan struct{}, 1)} }
-
-func (r *recordingSink) EventsWritten(_ context.Context, refs []storage.OutboxRef) error {
-	r.mu <- struct{}{}
-	defer func() { <-r.mu }()
-	r.refs = append(r.refs, refs...)
-	return nil
-}
-
 func TestTimeOutStepsWritesOneEventPerEnrollmentAsItStood(t *testing.T) {
-	sink := newRecordingSink()
-	b := setup(t, &setupOpts{extra: []mysql.Option{mysql.WithOutbox(), mysql.WithEventSink(sink)}})
+	b := setup(t, &setupOpts{extra: []mysql.Option{mysql.WithOutbox()}})
 	ctx := t.Context()
 	step := testkit.FanOut("tmo", 3, 2)
 	step.Timeout = time.Now().Add(-time.Second)
@@ -156,14 +139,13 @@ func TestTimeOutStepsWritesOneEventPerEnrollmentAsItStood(t *testing.T) {
 		b.store.StoreCommandResponseAndRetrieveCompletedStep(ctx, step.IDs[0], testkit.CommandResult(c.CommandUUID))
 	}
 	b.answer(ctx, step, 1, 0)
-	sink.refs = nil
 
 	n, err := b.store.TimeOutSteps(ctx, time.Now())
 	if err != nil || n != 2 {
 		t.Fatalf("timed out %d, %v; want the 2 unfinished enrollments", n, err)
 	}
-	if len(sink.refs) != 2 {
-		t.Errorf("sink told of %d events, want 2", len(sink.refs))
+	if n := testkit.Count(t, b.db.DB, `SELECT COUNT(*) FROM stepcollect_outbox WHERE event_type = 'step.timed_out'`); n != 2 {
+		t.Errorf("%d step.timed_out events written, want 2", n)
 	}
 	got := outboxEvents(t, b)
 	for _, id := range step.IDs[1:] {
@@ -225,32 +207,37 @@ func TestSendDueStepsWritesOneEventPerStepWithItsRawCommands(t *testing.T) {
 	}
 }
 
-func TestClaimEventIsExclusiveUntilItsLeaseRunsOut(t *testing.T) {
-	sink := newRecordingSink()
-	b := setup(t, &setupOpts{extra: []mysql.Option{mysql.WithOutbox(), mysql.WithEventSink(sink)}})
+// Ten dispatchers claiming at once: one of them gets the event, and
+// nobody else until its lease lapses (a failed try's backoff ends); once
+// acknowledged it is gone.
+func TestClaimDueEventsIsExclusiveUntilItsLeaseRunsOut(t *testing.T) {
+	b := setup(t, &setupOpts{extra: []mysql.Option{mysql.WithOutbox()}})
 	ctx := t.Context()
 	step := testkit.FanOut("claim", 1, 1)
 	b.store.StoreStep(ctx, step, time.Now())
 	b.answer(ctx, step, 0, 0)
-	if len(sink.refs) != 1 {
-		t.Fatalf("sink told of %d events", len(sink.refs))
-	}
-	id := sink.refs[0].ID
 
-	// claimed by ten at once: exactly one wins
-	wins := make([]bool, 10)
+	claimed := make([][]*storage.OutboxEvent, 10)
+	errs := make([]error, 10)
 	startTogether(10, func(i int) {
-		_, err := b.store.ClaimEvent(ctx, id, time.Minute)
-		wins[i] = err == nil
+		claimed[i], errs[i] = b.store.ClaimDueEvents(ctx, 10, time.Minute)
 	})
+	var id int64
 	won := 0
-	for _, w := range wins {
-		if w {
+	for i, evs := range claimed {
+		if errs[i] != nil {
+			t.Fatalf("claim %d: %v", i, errs[i])
+		}
+		for _, ev := range evs {
 			won++
+			id = ev.ID
+			if ev.Attempts != 1 || ev.Type != events.StepCompleted {
+				t.Errorf("first claim: %+v, want attempt 1 of a step.completed", ev)
+			}
 		}
 	}
 	if won != 1 {
-		t.Fatalf("%d claims won, want 1", won)
+		t.Fatalf("the event was claimed %d times, want once", won)
 	}
 	if evs, err := b.store.ClaimDueEvents(ctx, 10, time.Minute); err != nil || len(evs) != 0 {
 		t.Errorf("a leased event claimed again: %v, %v", evs, err)
@@ -262,16 +249,16 @@ func TestClaimEventIsExclusiveUntilItsLeaseRunsOut(t *testing.T) {
 	if err != nil || len(evs) != 1 || evs[0].ID != id || evs[0].Attempts != 2 || evs[0].Type != events.StepCompleted {
 		t.Fatalf("expired lease not claimed again (as the second attempt): %+v, %v", evs, err)
 	}
-	if _, err := b.store.ClaimEvent(ctx, id, time.Minute); !errors.Is(err, storage.ErrEventNotClaimable) {
-		t.Errorf("an event the dispatcher holds claimed by a deliver task: %v", err)
-	}
-	if err := b.store.AckEvent(ctx, id); err != nil {
+	if err := b.store.AckEvents(ctx, []int64{id}); err != nil {
 		t.Fatal(err)
-	}
-	if _, err := b.store.ClaimEvent(ctx, id, time.Minute); !errors.Is(err, storage.ErrEventNotClaimable) {
-		t.Errorf("claiming a delivered event: %v", err)
 	}
 	if n := testkit.Count(t, b.db.DB, `SELECT COUNT(*) FROM stepcollect_outbox`); n != 0 {
 		t.Errorf("%d pending after the ack", n)
+	}
+	if err := b.store.FailEvent(ctx, id, "late", time.Now().Add(-time.Millisecond)); err != nil {
+		t.Fatal(err)
+	}
+	if evs, err := b.store.ClaimDueEvents(ctx, 10, time.Minute); err != nil || len(evs) != 0 {
+		t.Errorf("a delivered event claimed again: %v, %v", evs, err)
 	}
 }

@@ -234,12 +234,6 @@ VALUES (?, ?, ?, ?, ?)`
 	qStepOwnedBy = `
 SELECT workflow_name, instance_id FROM steps WHERE id = ?`
 
-	// Delivery: claim one event by key for a lease. Nobody else delivers it
-	// until the lease runs out; a held event waits for its release.
-	qClaimEvent = `
-UPDATE stepcollect_outbox SET attempts = attempts + 1, lease_until = ?, retry_at = NULL
-WHERE id = ? AND held_at IS NULL AND (lease_until IS NULL OR lease_until <= ?)`
-
 	// Delivery, batched: the events nobody is delivering (never claimed,
 	// or whose lease lapsed: a failed try's backoff ended, or the worker
 	// that held it died), locked so that any number of workers can claim
@@ -263,11 +257,6 @@ UPDATE stepcollect_outbox SET attempts = attempts + 1, lease_until = ?, retry_at
 UPDATE stepcollect_outbox SET lease_until = ? WHERE id IN (?)`
 
 	qAckEvents = `DELETE FROM stepcollect_outbox WHERE id IN (?)`
-
-	qGetEvent = `
-SELECT event_id, event_type, payload, attempts FROM stepcollect_outbox WHERE id = ?`
-
-	qAckEvent = `DELETE FROM stepcollect_outbox WHERE id = ?`
 
 	// retry_at marks the lease as a backoff, not a delivery in flight.
 	qFailEvent = `

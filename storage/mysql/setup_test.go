@@ -25,10 +25,10 @@ type bundle struct {
 }
 
 type setupOpts struct {
-	collector storage.Collector
-	db        *testkit.DB // reuse instead of creating
-	migrate   bool        // migrate db (one made another way)
-	extra     []mysql.Option
+	sink    storage.ReleaseSink
+	db      *testkit.DB // reuse instead of creating
+	migrate bool        // migrate db (one made another way)
+	extra   []mysql.Option
 }
 
 func setup(t testing.TB, o *setupOpts) *bundle {
@@ -48,8 +48,8 @@ func setup(t testing.TB, o *setupOpts) *bundle {
 		mysql.WithObserver(obs),
 		mysql.WithLogger(zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel)),
 	}
-	if o.collector != nil {
-		opts = append(opts, mysql.WithCollector(o.collector))
+	if o.sink != nil {
+		opts = append(opts, mysql.WithReleaseSink(o.sink))
 	}
 	s, err := mysql.New(append(opts, o.extra...)...)
 	if err != nil {

@@ -64,10 +64,9 @@ func TestARetriedTimeoutReportsEachEnrollmentOnce(t *testing.T) {
 }
 
 // The same for the service's TimeOutSteps: its count matches the outbox,
-// and the sink hears only of rows that exist.
-func TestARetriedTimeoutWritesAndHandsOffEachEventOnce(t *testing.T) {
-	sink := newRecordingSink()
-	b, fc := setupFaulty(t, stepmysql.WithOutbox(), stepmysql.WithEventSink(sink))
+// and the dispatcher's claim finds each event once.
+func TestARetriedTimeoutWritesEachEventOnce(t *testing.T) {
+	b, fc := setupFaulty(t, stepmysql.WithOutbox())
 	ctx := t.Context()
 	step := testkit.FanOut("timeoutevents", 2, 1)
 	step.Timeout = time.Now().Add(-time.Second)
@@ -88,14 +87,13 @@ func TestARetriedTimeoutWritesAndHandsOffEachEventOnce(t *testing.T) {
 	if rows := countOutbox(t, b.db.DB); n != 2 || rows != 2 {
 		t.Errorf("reported %d events, the outbox holds %d; want 2 and 2", n, rows)
 	}
-	assertSinkRefsExist(t, b, sink, 2)
+	assertClaimsOnce(t, b, 2)
 }
 
-// An event insert that fails (for good) must not hand off anything: the
-// old code told the sink of an outbox row 0 that never existed.
-func TestAFailedDueEventHandsOffNothing(t *testing.T) {
-	sink := newRecordingSink()
-	b, fc := setupFaulty(t, stepmysql.WithOutbox(), stepmysql.WithEventSink(sink))
+// An event insert that fails (for good) leaves nothing to deliver, and the
+// step is sent, once, when the fault is gone.
+func TestAFailedDueEventLeavesNothingToDeliver(t *testing.T) {
+	b, fc := setupFaulty(t, stepmysql.WithOutbox())
 	ctx := t.Context()
 	step := testkit.FanOut("duefail", 2, 1)
 	step.NotUntil = time.Now().Add(-time.Second)
@@ -110,14 +108,12 @@ func TestAFailedDueEventHandsOffNothing(t *testing.T) {
 	if err == nil || n != 0 {
 		t.Fatalf("SendDueSteps with a failing insert: %d, %v; want 0 and the error", n, err)
 	}
-	if len(sink.refs) != 0 {
-		t.Errorf("the sink was told of %v after a rolled-back insert", sink.refs)
-	}
+	assertClaimsOnce(t, b, 0)
 	// and once the fault is gone the step is sent, once
 	if n, err := b.store.SendDueSteps(ctx, time.Now()); err != nil || n != 1 {
 		t.Fatalf("second SendDueSteps: %d, %v; want 1", n, err)
 	}
-	assertSinkRefsExist(t, b, sink, 1)
+	assertClaimsOnce(t, b, 1)
 }
 
 // A deadlock in a due-steps batch: the retry returns each step once.
@@ -142,17 +138,28 @@ func TestARetriedDueBatchReturnsEachStepOnce(t *testing.T) {
 	}
 }
 
-func assertSinkRefsExist(t *testing.T, b *bundle, sink *recordingSink, want int) {
+// assertClaimsOnce claims what the dispatcher would and wants want
+// distinct events, each a first attempt, then acknowledges them.
+func assertClaimsOnce(t *testing.T, b *bundle, want int) {
 	t.Helper()
-	if len(sink.refs) != want {
-		t.Fatalf("the sink was told of %d events, want %d: %v", len(sink.refs), want, sink.refs)
+	evs, err := b.store.ClaimDueEvents(t.Context(), 100, time.Minute)
+	if err != nil {
+		t.Fatal(err)
 	}
-	for _, ref := range sink.refs {
-		var eventID string
-		err := b.db.QueryRow(`SELECT event_id FROM stepcollect_outbox WHERE id = ?`, ref.ID).Scan(&eventID)
-		if err != nil || eventID != ref.EventID {
-			t.Errorf("handed-off event %+v: outbox row %q, %v", ref, eventID, err)
+	seen := map[string]bool{}
+	var ids []int64
+	for _, ev := range evs {
+		if seen[ev.EventID] || ev.Attempts != 1 {
+			t.Errorf("claimed %+v twice, or not as a first attempt", ev.OutboxRef)
 		}
+		seen[ev.EventID] = true
+		ids = append(ids, ev.ID)
+	}
+	if len(evs) != want {
+		t.Fatalf("the dispatcher would claim %d events, want %d", len(evs), want)
+	}
+	if err := b.store.AckEvents(t.Context(), ids); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -310,7 +317,7 @@ func TestASkippedClaimIsCheckedAgainUntilTheStepIsGone(t *testing.T) {
 		time.Sleep(80 * time.Millisecond) // held across the first claims, released well within the retries
 		holder.Commit()
 	}()
-	res, err := b.store.Collect(ctx, []storage.UnreferencedStep{{ID: stepID, ObservedAt: time.Now()}})
+	res, err := b.store.Collect(ctx, []storage.ReleasedStep{{ID: stepID, ObservedAt: time.Now()}})
 	<-released
 	if err != nil || res[storage.CollectCollected] != 1 {
 		t.Fatalf("collect across a held lock: %v, %v; want it collected", res, err)
@@ -341,14 +348,14 @@ func TestAClaimSkippedForLongIsReportedNotDropped(t *testing.T) {
 	if err := holder.QueryRow(`SELECT id FROM steps WHERE id = ? FOR UPDATE`, stepID).Scan(&held); err != nil {
 		t.Fatal(err)
 	}
-	res, err := b.store.Collect(ctx, []storage.UnreferencedStep{{ID: stepID, ObservedAt: time.Now()}})
+	res, err := b.store.Collect(ctx, []storage.ReleasedStep{{ID: stepID, ObservedAt: time.Now()}})
 	if !errors.Is(err, storage.ErrClaimSkipped) || !strings.Contains(err.Error(), strconv.Itoa(int(stepID))) || res[storage.CollectClaimedElsewhere] != 1 {
 		t.Fatalf("collect while the row stays locked: %v, %v; want ErrClaimSkipped naming step %d", res, err, stepID)
 	}
 	if err := holder.Rollback(); err != nil {
 		t.Fatal(err)
 	}
-	if res, err := b.store.Collect(ctx, []storage.UnreferencedStep{{ID: stepID}}); err != nil || res[storage.CollectCollected] != 1 {
+	if res, err := b.store.Collect(ctx, []storage.ReleasedStep{{ID: stepID}}); err != nil || res[storage.CollectCollected] != 1 {
 		t.Fatalf("collect once the lock is gone: %v, %v", res, err)
 	}
 }

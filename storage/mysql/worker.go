@@ -48,7 +48,6 @@ func (s *Storage) SendDueSteps(ctx context.Context, now time.Time) (int, error) 
 		}
 		return s.insertEvent(ctx, tx, events.Due(stepID, se, now), "")
 	})
-	s.eventsWritten(ctx, refs) // those of the batches that committed
 	return len(refs), err
 }
 
@@ -192,7 +191,6 @@ func (s *Storage) TimeOutSteps(ctx context.Context, now time.Time) (int, error) 
 		}
 		return s.insertEvent(ctx, tx, events.FromStepResult(events.StepTimedOut, stepID, r, now), r.IDs[0])
 	})
-	s.eventsWritten(ctx, refs) // those of the batches that committed
 	return len(refs), err
 }
 

@@ -1,4 +1,4 @@
-package tasks
+package collector
 
 import (
 	"context"
@@ -9,11 +9,12 @@ import (
 
 	"github.com/stepcollect/stepcollect/logkeys"
 	"github.com/stepcollect/stepcollect/storage"
+	"github.com/stepcollect/stepcollect/tasks"
 )
 
-// StepEnqueuer is what Handoff needs of the queue.
-type StepEnqueuer interface {
-	CollectSteps(ctx context.Context, steps []storage.UnreferencedStep) error
+// CollectEnqueuer is what Handoff needs of the queue.
+type CollectEnqueuer interface {
+	EnqueueCollect(ctx context.Context, steps []storage.ReleasedStep) error
 }
 
 // HandoffConfig configures a Handoff.
@@ -40,7 +41,7 @@ type HandoffConfig struct {
 	StopTimeout time.Duration
 }
 
-// Handoff is the storage's Collector in the api: it takes the steps each
+// Handoff is the storage's ReleaseSink in the api: it takes the steps each
 // commit released without waiting for anything (the webhook's answer waits
 // for its own commit and nothing else), gathers them for a few
 // milliseconds, and enqueues one collect task for many, off the request
@@ -48,7 +49,7 @@ type HandoffConfig struct {
 // steps released during an outage are collected as soon as it returns.
 type Handoff struct {
 	cfg    HandoffConfig
-	enq    StepEnqueuer
+	enq    CollectEnqueuer
 	logger zerolog.Logger
 
 	mu      sync.Mutex
@@ -58,11 +59,11 @@ type Handoff struct {
 	done    chan struct{}
 }
 
-var _ storage.Collector = (*Handoff)(nil)
+var _ storage.ReleaseSink = (*Handoff)(nil)
 
 // NewHandoff returns a Handoff onto enq. Run must be running for anything
 // to be enqueued.
-func NewHandoff(cfg HandoffConfig, enq StepEnqueuer, logger zerolog.Logger) *Handoff {
+func NewHandoff(cfg HandoffConfig, enq CollectEnqueuer, logger zerolog.Logger) *Handoff {
 	if cfg.Window <= 0 {
 		cfg.Window = 20 * time.Millisecond
 	}
@@ -85,8 +86,8 @@ func NewHandoff(cfg HandoffConfig, enq StepEnqueuer, logger zerolog.Logger) *Han
 		kick: make(chan struct{}, 1), done: make(chan struct{})}
 }
 
-// CollectSteps implements storage.Collector: it only records the steps.
-func (h *Handoff) CollectSteps(_ context.Context, steps []storage.UnreferencedStep) error {
+// StepsReleased implements storage.ReleaseSink: it only records the steps.
+func (h *Handoff) StepsReleased(_ context.Context, steps []storage.ReleasedStep) error {
 	h.mu.Lock()
 	for _, st := range steps {
 		if _, ok := h.pending[st.ID]; !ok {
@@ -167,7 +168,7 @@ func (h *Handoff) poke() {
 // already cancelled, and an enqueuer cooling down after an earlier failure
 // must still be tried, as nothing comes after this attempt.
 func (h *Handoff) finalFlush(ctx context.Context) {
-	fctx, cancel := context.WithTimeout(withoutCooldown(context.WithoutCancel(ctx)), h.cfg.StopTimeout)
+	fctx, cancel := context.WithTimeout(tasks.WithoutCooldown(context.WithoutCancel(ctx)), h.cfg.StopTimeout)
 	defer cancel()
 	if !h.flush(fctx) {
 		h.logger.Warn().Int(logkeys.Count, h.Pending()).Msg("stopping: released steps not handed to the queue; the sweeper will find them")
@@ -178,10 +179,10 @@ func (h *Handoff) finalFlush(ctx context.Context) {
 // be enqueued is put back. It reports whether everything went.
 func (h *Handoff) flush(ctx context.Context) bool {
 	h.mu.Lock()
-	batch := make([]storage.UnreferencedStep, 0, len(h.pending))
+	batch := make([]storage.ReleasedStep, 0, len(h.pending))
 	for _, id := range h.order {
 		if at, ok := h.pending[id]; ok {
-			batch = append(batch, storage.UnreferencedStep{ID: id, ObservedAt: at})
+			batch = append(batch, storage.ReleasedStep{ID: id, ObservedAt: at})
 		}
 	}
 	clear(h.pending)
@@ -190,7 +191,7 @@ func (h *Handoff) flush(ctx context.Context) bool {
 
 	for len(batch) > 0 {
 		n := min(len(batch), h.cfg.MaxPerTask)
-		if err := h.enq.CollectSteps(ctx, batch[:n]); err != nil {
+		if err := h.enq.EnqueueCollect(ctx, batch[:n]); err != nil {
 			if ctx.Err() == nil { // a stop is not a failure: the final flush follows
 				h.logger.Warn().Err(err).Int(logkeys.Count, len(batch)).Msg("handing released steps to the queue; keeping them to try again")
 			}
@@ -204,7 +205,7 @@ func (h *Handoff) flush(ctx context.Context) bool {
 
 // putBack returns steps that could not be enqueued to the front of the
 // queue, unless a newer release of the same step arrived meanwhile.
-func (h *Handoff) putBack(steps []storage.UnreferencedStep) {
+func (h *Handoff) putBack(steps []storage.ReleasedStep) {
 	h.mu.Lock()
 	order := make([]int64, 0, len(steps)+len(h.order))
 	for _, st := range steps {

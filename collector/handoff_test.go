@@ -1,4 +1,4 @@
-package tasks_test
+package collector_test
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/rs/zerolog"
 
+	"github.com/stepcollect/stepcollect/collector"
 	"github.com/stepcollect/stepcollect/internal/testkit"
 	"github.com/stepcollect/stepcollect/storage"
 	"github.com/stepcollect/stepcollect/tasks"
@@ -23,7 +24,7 @@ type fakeQueue struct {
 	fails int
 }
 
-func (q *fakeQueue) CollectSteps(_ context.Context, steps []storage.UnreferencedStep) error {
+func (q *fakeQueue) EnqueueCollect(_ context.Context, steps []storage.ReleasedStep) error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.down {
@@ -60,8 +61,8 @@ func enqueued(calls [][]int64) map[int64]int {
 	return seen
 }
 
-func startHandoff(t *testing.T, cfg tasks.HandoffConfig, q *fakeQueue) (*tasks.Handoff, context.CancelFunc) {
-	h := tasks.NewHandoff(cfg, q, zerolog.Nop())
+func startHandoff(t *testing.T, cfg collector.HandoffConfig, q *fakeQueue) (*collector.Handoff, context.CancelFunc) {
+	h := collector.NewHandoff(cfg, q, zerolog.Nop())
 	ctx, cancel := context.WithCancel(context.Background())
 	go h.Run(ctx)
 	t.Cleanup(func() { cancel(); <-h.Done() })
@@ -72,14 +73,14 @@ func startHandoff(t *testing.T, cfg tasks.HandoffConfig, q *fakeQueue) (*tasks.H
 // once, however often it was released.
 func TestHandoffGathersReleasesIntoFewTasks(t *testing.T) {
 	q := &fakeQueue{}
-	h, _ := startHandoff(t, tasks.HandoffConfig{Window: 50 * time.Millisecond}, q)
+	h, _ := startHandoff(t, collector.HandoffConfig{Window: 50 * time.Millisecond}, q)
 	var wg sync.WaitGroup
 	for i := range 64 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			// 64 requests, each releasing its own step and the shared one
-			h.CollectSteps(context.Background(), []storage.UnreferencedStep{{ID: int64(i + 1)}, {ID: 1000}})
+			h.StepsReleased(context.Background(), []storage.ReleasedStep{{ID: int64(i + 1)}, {ID: 1000}})
 		}()
 	}
 	wg.Wait()
@@ -103,9 +104,9 @@ func TestHandoffGathersReleasesIntoFewTasks(t *testing.T) {
 // once it is back.
 func TestHandoffKeepsStepsWhileTheQueueIsDown(t *testing.T) {
 	q := &fakeQueue{down: true}
-	h, _ := startHandoff(t, tasks.HandoffConfig{Window: time.Millisecond, RetryEvery: 10 * time.Millisecond}, q)
+	h, _ := startHandoff(t, collector.HandoffConfig{Window: time.Millisecond, RetryEvery: 10 * time.Millisecond}, q)
 	for i := range 2500 {
-		h.CollectSteps(context.Background(), []storage.UnreferencedStep{{ID: int64(i + 1)}})
+		h.StepsReleased(context.Background(), []storage.ReleasedStep{{ID: int64(i + 1)}})
 	}
 	testkit.WaitUntil(t, 10*time.Second, "a failed enqueue (failures so far)", func() (bool, any) { _, f := q.snapshot(); return f > 0, f })
 	if h.Pending() != 2500 {
@@ -130,10 +131,10 @@ func TestHandoffDropsTheOldestPastItsBoundAndCountsThem(t *testing.T) {
 	q := &fakeQueue{down: true}
 	var mu sync.Mutex
 	dropped := 0
-	h, _ := startHandoff(t, tasks.HandoffConfig{MaxPending: 100, RetryEvery: time.Hour,
+	h, _ := startHandoff(t, collector.HandoffConfig{MaxPending: 100, RetryEvery: time.Hour,
 		OnDrop: func(n int) { mu.Lock(); dropped += n; mu.Unlock() }}, q)
 	for i := range 150 {
-		h.CollectSteps(context.Background(), []storage.UnreferencedStep{{ID: int64(i + 1)}})
+		h.StepsReleased(context.Background(), []storage.ReleasedStep{{ID: int64(i + 1)}})
 	}
 	mu.Lock()
 	defer mu.Unlock()
@@ -145,8 +146,8 @@ func TestHandoffDropsTheOldestPastItsBoundAndCountsThem(t *testing.T) {
 // Stopping hands over what is still pending.
 func TestHandoffFlushesOnStop(t *testing.T) {
 	q := &fakeQueue{}
-	h, cancel := startHandoff(t, tasks.HandoffConfig{Window: time.Hour}, q)
-	h.CollectSteps(context.Background(), []storage.UnreferencedStep{{ID: 7}})
+	h, cancel := startHandoff(t, collector.HandoffConfig{Window: time.Hour}, q)
+	h.StepsReleased(context.Background(), []storage.ReleasedStep{{ID: 7}})
 	cancel()
 	<-h.Done()
 	if calls, _ := q.snapshot(); len(enqueued(calls)) != 1 {
@@ -158,14 +159,14 @@ func TestHandoffFlushesOnStop(t *testing.T) {
 // passes it on with the (now cancelled) context: a stop that lands while a
 // flush is under way.
 type stallUntilStop struct {
-	tasks.StepEnqueuer
+	collector.CollectEnqueuer
 	entered chan struct{}
 	once    sync.Once
 }
 
-func (s *stallUntilStop) CollectSteps(ctx context.Context, steps []storage.UnreferencedStep) error {
+func (s *stallUntilStop) EnqueueCollect(ctx context.Context, steps []storage.ReleasedStep) error {
 	s.once.Do(func() { close(s.entered); <-ctx.Done() })
-	return s.StepEnqueuer.CollectSteps(ctx, steps)
+	return s.CollectEnqueuer.EnqueueCollect(ctx, steps)
 }
 
 // A stop during a flush is not a Redis failure: the steps it carried are
@@ -178,15 +179,15 @@ func TestHandoffStoppedMidFlushEnqueuesEveryStepAndCountsNoFailure(t *testing.T)
 	var failures []string
 	e := tasks.NewEnqueuer(opt, tasks.OnEnqueueFailure(func(task string) { mu.Lock(); failures = append(failures, task); mu.Unlock() }))
 	defer e.Close()
-	enq := &stallUntilStop{StepEnqueuer: e, entered: make(chan struct{})}
-	h := tasks.NewHandoff(tasks.HandoffConfig{}, enq, zerolog.Nop())
+	enq := &stallUntilStop{CollectEnqueuer: e, entered: make(chan struct{})}
+	h := collector.NewHandoff(collector.HandoffConfig{}, enq, zerolog.Nop())
 	ctx, cancel := context.WithCancel(context.Background())
 	go h.Run(ctx)
-	var steps []storage.UnreferencedStep
+	var steps []storage.ReleasedStep
 	for i := range 200 {
-		steps = append(steps, storage.UnreferencedStep{ID: int64(i + 1), ObservedAt: time.Now()})
+		steps = append(steps, storage.ReleasedStep{ID: int64(i + 1), ObservedAt: time.Now()})
 	}
-	h.CollectSteps(context.Background(), steps)
+	h.StepsReleased(context.Background(), steps)
 	<-enq.entered
 	cancel()
 	<-h.Done()
@@ -225,13 +226,13 @@ func TestEnqueuerDoesNotCountACancelledCallerAsARedisFailure(t *testing.T) {
 	var failures []string
 	e := tasks.NewEnqueuer(opt, tasks.OnEnqueueFailure(func(task string) { failures = append(failures, task) }), tasks.WithCooldown(time.Hour))
 	defer e.Close()
-	step := []storage.UnreferencedStep{{ID: 1, ObservedAt: time.Now()}}
+	step := []storage.ReleasedStep{{ID: 1, ObservedAt: time.Now()}}
 	gone, cancel := context.WithCancel(t.Context())
 	cancel()
-	if err := e.CollectSteps(gone, step); !errors.Is(err, context.Canceled) {
+	if err := e.EnqueueCollect(gone, step); !errors.Is(err, context.Canceled) {
 		t.Errorf("enqueue on a cancelled context: %v, want context.Canceled", err)
 	}
-	if err := e.CollectSteps(t.Context(), step); err != nil {
+	if err := e.EnqueueCollect(t.Context(), step); err != nil {
 		t.Errorf("enqueue after a cancelled one: %v, want success (no cool-down)", err)
 	}
 	if len(failures) != 0 {

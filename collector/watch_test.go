@@ -1,4 +1,4 @@
-package tasks_test
+package collector_test
 
 import (
 	"context"
@@ -10,8 +10,8 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/rs/zerolog"
 
+	"github.com/stepcollect/stepcollect/collector"
 	"github.com/stepcollect/stepcollect/internal/testkit"
-	"github.com/stepcollect/stepcollect/tasks"
 )
 
 // The watch fires when Redis answers again after an outage, and when it
@@ -30,7 +30,7 @@ func TestWatchQueueLossFiresOnRedisReturningAndOnItsDataGone(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		tasks.WatchQueueLoss(ctx, opt, 20*time.Millisecond, zerolog.Nop(), func(reason string) {
+		collector.WatchQueueLoss(ctx, opt, 20*time.Millisecond, zerolog.Nop(), func(reason string) {
 			mu.Lock()
 			reasons = append(reasons, reason)
 			mu.Unlock()

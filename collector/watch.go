@@ -1,4 +1,4 @@
-package tasks
+package collector
 
 import (
 	"context"
@@ -8,6 +8,8 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 	"github.com/rs/zerolog"
+
+	"github.com/stepcollect/stepcollect/tasks"
 )
 
 // queueMarkerKey is a key the watch keeps in the queue's Redis: its absence
@@ -23,7 +25,7 @@ const queueMarkerKey = "stepcollect:queue_marker"
 // it, so that collect tasks lost with Redis cost seconds, not a sweep
 // interval.
 func WatchQueueLoss(ctx context.Context, r asynq.RedisConnOpt, every time.Duration, logger zerolog.Logger, onLoss func(reason string)) {
-	rc, ok := WithFastFailure(r).MakeRedisClient().(redis.UniversalClient)
+	rc, ok := tasks.WithFastFailure(r).MakeRedisClient().(redis.UniversalClient)
 	if !ok {
 		logger.Warn().Msg("queue loss watch: not a go-redis client; lost tasks wait for the next sweep")
 		<-ctx.Done()

@@ -1,0 +1,72 @@
+package collector_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+	"github.com/rs/zerolog"
+
+	"github.com/stepcollect/stepcollect/collector"
+	"github.com/stepcollect/stepcollect/internal/testkit"
+	"github.com/stepcollect/stepcollect/metrics"
+)
+
+func newSweeper(t *testing.T, b *bundle, interval time.Duration) *collector.Sweeper {
+	t.Helper()
+	return collector.NewSweeper(collector.SweeperConfig{Interval: interval}, b.store, nil,
+		metrics.NewSweeper(prometheus.NewRegistry()), zerolog.New(zerolog.NewTestWriter(t)))
+}
+
+// A worker starting sweeps at once, in process: a step whose hand-off was
+// lost is collected without waiting for a sweep slot. With sweeps off
+// (-sweep-interval 0) it does nothing.
+func TestSweepAtStartCollectsWhatALostHandOffLeft(t *testing.T) {
+	b := setup(t)
+	lost := b.storeStep(t, "lost", 2)
+	newSweeper(t, b, 0).SweepAtStart(t.Context())
+	if s, _, _ := b.exists(t, lost); s != 1 {
+		t.Fatal("swept at start with sweeps off")
+	}
+	newSweeper(t, b, time.Hour).SweepAtStart(t.Context())
+	if s, _, raw := b.exists(t, lost); s != 0 || raw != 0 {
+		t.Errorf("after the sweep at start: step %d, raw commands %d; want both gone", s, raw)
+	}
+}
+
+// When the queue's Redis comes back empty, the collect tasks it held may be
+// gone: the worker sweeps in process rather than waiting up to an interval.
+func TestSweepOnQueueLossCollectsOnceRedisLostItsData(t *testing.T) {
+	b := setup(t)
+	rs := testkit.StartRedis(t)
+	opt, err := asynq.ParseRedisURI(rs.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); newSweeper(t, b, time.Hour).SweepOnQueueLoss(ctx, opt) }()
+	defer func() { cancel(); <-done }()
+
+	rc := redis.NewClient(&redis.Options{Addr: "127.0.0.1:" + itoa(rs.Port)})
+	defer rc.Close()
+	testkit.WaitUntil(t, 15*time.Second, "the watch's marker set (exists)", func() (bool, any) {
+		n := rc.Exists(context.Background(), "stepcollect:queue_marker").Val()
+		return n == 1, n
+	})
+	lost := b.storeStep(t, "lost", 2) // released while its collect task sits in Redis …
+	time.Sleep(1500 * time.Millisecond)
+	if s, _, _ := b.exists(t, lost); s != 1 {
+		t.Fatal("swept with nothing lost")
+	}
+	if err := rc.FlushAll(context.Background()).Err(); err != nil { // … which loses it
+		t.Fatal(err)
+	}
+	testkit.WaitUntil(t, 15*time.Second, "the step collected after FLUSHALL (steps rows)", func() (bool, any) {
+		s, _, _ := b.exists(t, lost)
+		return s == 0, s
+	})
+}
