@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 
 // NanoCMD v0.7.1's workflows, by the names its API starts them by.
 const (
+	wfInventory  = inventory
 	wfProfile    = "io.micromdm.wf.profile.v1"
 	wfLock       = "io.micromdm.wf.lock.v1"
 	wfCMDPlan    = "io.micromdm.wf.cmdplan.v1"
@@ -53,13 +55,42 @@ func TestEveryWorkflowOfNanoCMDEndToEnd(t *testing.T) {
 	c.noCommandEnqueuedTwice(t)
 }
 
-// everyWorkflow runs each of NanoCMD v0.7.1's workflows (but inventory,
-// which runInventory runs) and its event subscriptions and cancellation on
-// c, each on Macs of its own. restart restarts the binary (or every
+// everyWorkflow runs each of NanoCMD v0.7.1's workflows, its event
+// subscriptions and its cancellation on c, each on Macs of its own. restart restarts the binary (or every
 // replica).
 func everyWorkflow(t *testing.T, c *cluster, restart func(t *testing.T)) {
 	sender := c.sender()
 	c.mustCall(t, "PUT", "/v1/profile/wifi", mobileconfig("com.example.wifi", "WIFI-UUID-1", "Wi-Fi"))
+
+	t.Run("inventory, answers at once", func(t *testing.T) {
+		var macs []*mac
+		for i := range 8 {
+			macs = append(macs, newMac(fmt.Sprintf("INV-%02d", i)))
+		}
+		c.start(t, wfInventory, "", macs...)
+		// both commands of every Mac answered at the same moment: on two
+		// replicas, the step's last two results commit side by side
+		var wg sync.WaitGroup
+		errs := make(chan error, 2*len(macs))
+		for _, m := range macs {
+			for _, e := range m.pending(c.mdm) {
+				wg.Go(func() { errs <- m.answer(sender, c.mdm, e) })
+			}
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, m := range macs {
+			inv := c.inventory(t, m.id)
+			if inv["serial_number"] != "SN"+m.id || inv["sip_enabled"] != true {
+				t.Errorf("%s: inventory %v, want both commands' values", m.id, inv)
+			}
+		}
+	})
 
 	t.Run("profile", func(t *testing.T) {
 		a, b := newMac("PROF-A"), newMac("PROF-B")
@@ -263,5 +294,23 @@ func (c *cluster) noCommandEnqueuedTwice(t *testing.T) {
 	}
 	if len(c.mdm.bad) > 0 {
 		t.Errorf("requests the fake NanoMDM refused: %v", c.mdm.bad)
+	}
+}
+
+// Two replicas of the binary on one database behind one URL, each request
+// (NanoMDM's webhooks, the API) to the next replica: every workflow
+// completes, and once (each Mac answered exactly the commands one run
+// sends), both engine workers polling the same NotUntil steps send each
+// once, and no step row is left.
+func TestEveryWorkflowOnTwoReplicasBehindOneURL(t *testing.T) {
+	db := testkit.NewDB(t, &testkit.DBOptions{Empty: true})
+	c := startCluster(t, db, 2, "-worker-interval", "1")
+	everyWorkflow(t, c, func(t *testing.T) { c.restart(t, 0); c.restart(t, 1) })
+	c.noStepRowsLeft(t)
+	c.noCommandEnqueuedTwice(t)
+	for i, p := range c.procs {
+		if !strings.Contains(p.Logs(), "path=/webhook") {
+			t.Errorf("replica %d had no webhook since its restart: the proxy did not spread the requests", i)
+		}
 	}
 }
