@@ -27,6 +27,7 @@ type cluster struct {
 	t     *testing.T // the test the replicas live as long as
 	db    *testkit.DB
 	mdm   *fakeNanoMDM
+	bin   string
 	args  [][]string
 	procs []*testkit.Proc
 	base  string
@@ -35,7 +36,13 @@ type cluster struct {
 // startCluster runs n replicas with -storage mysql on db and extra flags.
 func startCluster(t *testing.T, db *testkit.DB, n int, extra ...string) *cluster {
 	t.Helper()
-	c := &cluster{t: t, db: db, mdm: startFakeNanoMDM(t, enqueueKey)}
+	return startClusterOn(t, db, startFakeNanoMDM(t, enqueueKey), n, extra...)
+}
+
+// startClusterOn is startCluster with the commands enqueued to mdm.
+func startClusterOn(t *testing.T, db *testkit.DB, mdm *fakeNanoMDM, n int, extra ...string) *cluster {
+	t.Helper()
+	c := &cluster{t: t, db: db, mdm: mdm, bin: bins["nanocmd"]}
 	var targets []*url.URL
 	for range n {
 		addr := testkit.FreeAddr(t)
@@ -61,7 +68,7 @@ func startCluster(t *testing.T, db *testkit.DB, n int, extra ...string) *cluster
 func (c *cluster) startReplica(t *testing.T, i int) {
 	t.Helper()
 	// killed when the cluster's test ends, not a subtest that restarted it
-	c.procs[i] = testkit.StartProc(c.t, bins["nanocmd"], nil, c.args[i]...)
+	c.procs[i] = testkit.StartProc(c.t, c.bin, nil, c.args[i]...)
 	testkit.AwaitHTTP(t, c.procs[i], "http://"+c.args[i][1]+"/version", 60*time.Second)
 }
 
