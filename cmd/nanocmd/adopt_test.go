@@ -1,6 +1,7 @@
 package main_test
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -9,6 +10,9 @@ import (
 	"testing"
 	"time"
 
+	nanostorage "github.com/micromdm/nanocmd/engine/storage"
+	nanomysql "github.com/micromdm/nanocmd/engine/storage/mysql"
+	"github.com/micromdm/nanocmd/mdm/foss"
 	"github.com/micromdm/nanomdm/service/webhook"
 
 	"github.com/stepcollect/stepcollect/internal/testkit"
@@ -181,4 +185,81 @@ func answerOnly(t *testing.T, sender *webhook.Webhook, f *fakeNanoMDM, m *mac, r
 	if n == 0 {
 		t.Fatalf("%s: no %s pending", m.id, requestType)
 	}
+}
+
+// deviceInformation is a DeviceInformation command plist, as devinfolog
+// makes it.
+func deviceInformation(uuid string) []byte {
+	return fmt.Appendf(nil, `<?xml version="1.0" encoding="UTF-8"?>
+<plist version="1.0"><dict><key>Command</key><dict><key>Queries</key><array><string>UDID</string><string>SerialNumber</string></array>`+
+		`<key>RequestType</key><string>DeviceInformation</string></dict><key>CommandUUID</key><string>%s</string></dict></plist>`, uuid)
+}
+
+// A NotUntil step NanoCMD v0.7.1's engine worker already sent (its
+// storage marks it with a process_id and keeps its not_until) is not sent
+// again by stepcollect's binary on the adopted database, and a NotUntil
+// step NanoCMD stored but had not sent yet is sent once, when due; both
+// complete through stepcollect.
+func TestANotUntilStepNanoCMDsWorkerSentIsNotSentAgain(t *testing.T) {
+	db := testkit.NewDB(t, &testkit.DBOptions{Empty: true})
+	nanoCMDSchema(t, db)
+	mdm := startFakeNanoMDM(t, enqueueKey)
+	theirs, err := nanomysql.New(nanomysql.WithDSN(db.DSN))
+	if err != nil {
+		t.Fatal(err)
+	}
+	enq, err := foss.NewFossMDM(mdm.URL+"/v1/enqueue/", enqueueKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	sent, waiting := newMac("NOTUNTIL-SENT"), newMac("NOTUNTIL-WAITING")
+	for _, s := range []struct {
+		m        *mac
+		notUntil time.Time
+	}{{sent, time.Now().Add(-time.Minute)}, {waiting, time.Now().Add(2 * time.Minute)}} {
+		uuid := "CMD-" + s.m.id
+		err := theirs.StoreStep(ctx, &nanostorage.StepEnqueuingWithConfig{
+			StepEnqueueing: nanostorage.StepEnqueueing{
+				StepContext: nanostorage.StepContext{WorkflowName: wfDevInfoLog, InstanceID: "INSTANCE-" + s.m.id},
+				IDs:         []string{s.m.id},
+				Commands:    []nanostorage.StepCommandRaw{{CommandUUID: uuid, RequestType: "DeviceInformation", Command: deviceInformation(uuid)}},
+			},
+			NotUntil: s.notUntil,
+		}, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	// NanoCMD's engine worker's run: the due step claimed and enqueued
+	due, err := theirs.RetrieveStepsToEnqueue(ctx, time.Now())
+	if err != nil || len(due) != 1 {
+		t.Fatalf("NanoCMD's worker found %d due steps (%v), want the one", len(due), err)
+	}
+	for _, c := range due[0].Commands {
+		if err := enq.Enqueue(ctx, due[0].IDs, c.Command); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := testkit.Count(t, db.DB, "SELECT COUNT(*) FROM steps WHERE process_id IS NOT NULL AND not_until IS NOT NULL"); n != 1 {
+		t.Fatalf("%d steps marked sent by NanoCMD's process_id, want 1", n)
+	}
+
+	ours := startClusterOn(t, db, mdm, 1, "-worker-interval", "1")
+	time.Sleep(3 * time.Second) // three runs of the engine worker
+	if p := sent.pending(mdm); len(p) != 1 {
+		t.Errorf("%s: %v enqueued, want NanoCMD's one DeviceInformation", sent.id, p)
+	}
+	if p := waiting.pending(mdm); len(p) != 0 {
+		t.Errorf("%s: %v enqueued before its NotUntil", waiting.id, p)
+	}
+	ours.passNotUntil(t)
+	ours.waitForCommand(t, waiting, "DeviceInformation", 15*time.Second)
+	drain(t, ours.sender(), mdm, sent, waiting)
+	for _, m := range []*mac{sent, waiting} {
+		w := "UDID=" + m.id + ", SerialNumber=SN" + m.id
+		testkit.WaitUntil(t, 5*time.Second, w+" logged", func() (bool, any) { return strings.Contains(ours.logs(), w), nil })
+	}
+	ours.noStepRowsLeft(t)
+	ours.noCommandEnqueuedTwice(t)
 }
