@@ -49,9 +49,13 @@ func startClusterOn(t *testing.T, db *testkit.DB, mdm *fakeNanoMDM, n int, extra
 		args := append([]string{"-listen", addr, "-api", apiKey, "-enqueue-url", c.mdm.URL + "/v1/enqueue/", "-push-url", c.mdm.URL + "/v1/push/",
 			"-enqueue-api", enqueueKey, "-webhook-hmac-key", hmacKey, "-storage", "mysql", "-storage-dsn", db.DSN}, extra...)
 		c.args = append(c.args, args)
-		c.procs = append(c.procs, nil)
-		c.startReplica(t, len(c.procs)-1)
+		// all started at once, as replicas of one deployment are: on an
+		// empty database they race to create its tables and its keypair
+		c.procs = append(c.procs, testkit.StartProc(t, c.bin, nil, args...))
 		targets = append(targets, &url.URL{Scheme: "http", Host: addr})
+	}
+	for i, p := range c.procs {
+		testkit.AwaitHTTP(t, p, targets[i].String()+"/version", 60*time.Second)
 	}
 	c.base = targets[0].String()
 	if n > 1 {
@@ -65,6 +69,7 @@ func startClusterOn(t *testing.T, db *testkit.DB, mdm *fakeNanoMDM, n int, extra
 	return c
 }
 
+// startReplica starts replica i again, or NanoCMD's.
 func (c *cluster) startReplica(t *testing.T, i int) {
 	t.Helper()
 	// killed when the cluster's test ends, not a subtest that restarted it

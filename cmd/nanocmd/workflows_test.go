@@ -297,7 +297,8 @@ func (c *cluster) noCommandEnqueuedTwice(t *testing.T) {
 	}
 }
 
-// Two replicas of the binary on one database behind one URL, each request
+// Two replicas of the binary, started at once on one empty database, behind
+// one URL, each request
 // (NanoMDM's webhooks, the API) to the next replica: every workflow
 // completes, and once (each Mac answered exactly the commands one run
 // sends), both engine workers polling the same NotUntil steps send each
@@ -305,6 +306,9 @@ func (c *cluster) noCommandEnqueuedTwice(t *testing.T) {
 func TestEveryWorkflowOnTwoReplicasBehindOneURL(t *testing.T) {
 	db := testkit.NewDB(t, &testkit.DBOptions{Empty: true})
 	c := startCluster(t, db, 2, "-worker-interval", "1")
+	if n := testkit.Count(t, db.DB, "SELECT COUNT(*) FROM subsystem_filevault_keypair"); n != 1 {
+		t.Errorf("%d FileVault keypairs after two replicas started at once, want 1", n)
+	}
 	everyWorkflow(t, c, func(t *testing.T) { c.restart(t, 0); c.restart(t, 1) })
 	c.noStepRowsLeft(t)
 	c.noCommandEnqueuedTwice(t)
