@@ -6,8 +6,11 @@
 package nanocmdapp
 
 import (
+	"context"
+	"errors"
 	"fmt"
 
+	storageprof "github.com/micromdm/nanocmd/subsystem/profile/storage"
 	"github.com/micromdm/nanocmd/workflow"
 	"github.com/micromdm/nanocmd/workflow/certprof"
 	"github.com/micromdm/nanocmd/workflow/cmdplan"
@@ -42,7 +45,7 @@ func registerWorkflows(logger log.Logger, r registerer, s *storageConfig, e work
 		return fmt.Errorf("registering profile workflow: %w", err)
 	}
 
-	if w, err = fvenable.New(e, s.filevault, s.profile, fvenable.WithLogger(logger)); err != nil {
+	if w, err = fvenable.New(e, s.filevault, fvenableProfiles{s.profile}, fvenable.WithLogger(logger)); err != nil {
 		return fmt.Errorf("creating fvenable workflow: %w", err)
 	} else if err = r.RegisterWorkflow(w); err != nil {
 		return fmt.Errorf("registering fvenable workflow: %w", err)
@@ -79,4 +82,21 @@ func registerWorkflows(logger log.Logger, r registerer, s *storageConfig, e work
 	}
 
 	return nil
+}
+
+// fvenableProfiles is the profile store as the fvenable workflow reads it:
+// its own template missing from the store is no error, so that the
+// workflow falls back to its built-in template, as NanoCMD's operations
+// guide says it does. v0.7.1's fvenable stops at the ErrProfileNotFound
+// every profile storage returns for a missing name (and the template it
+// serves cannot be uploaded: its __CERTIFICATE__ placeholder is not
+// base64), so without this no fvenable could start.
+type fvenableProfiles struct{ storageprof.ReadStorage }
+
+func (p fvenableProfiles) RetrieveRawProfiles(ctx context.Context, names []string) (map[string][]byte, error) {
+	raw, err := p.ReadStorage.RetrieveRawProfiles(ctx, names)
+	if len(names) == 1 && names[0] == fvenable.WorkflowName && errors.Is(err, storageprof.ErrProfileNotFound) {
+		return nil, nil
+	}
+	return raw, err
 }

@@ -18,15 +18,17 @@ import (
 // the order enqueued.
 type fakeNanoMDM struct {
 	*httptest.Server
-	mu   sync.Mutex
-	cmds map[string][]enqueued
-	bad  []string
+	mu     sync.Mutex
+	cmds   map[string][]enqueued
+	raw    map[string][]byte // command UUID: the command plist as enqueued
+	pushes map[string]int    // enrollment: pushes asked for
+	bad    []string
 }
 
 type enqueued struct{ UUID, RequestType string }
 
 func startFakeNanoMDM(t *testing.T, key string) *fakeNanoMDM {
-	f := &fakeNanoMDM{cmds: map[string][]enqueued{}}
+	f := &fakeNanoMDM{cmds: map[string][]enqueued{}, raw: map[string][]byte{}, pushes: map[string]int{}}
 	mux := http.NewServeMux()
 	mux.HandleFunc("PUT /v1/enqueue/{ids}", func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
@@ -41,12 +43,20 @@ func startFakeNanoMDM(t *testing.T, key string) *fakeNanoMDM {
 			http.Error(w, "no command", http.StatusBadRequest)
 			return
 		}
+		f.raw[c.CommandUUID] = body
 		for _, id := range strings.Split(r.PathValue("ids"), ",") {
 			f.cmds[id] = append(f.cmds[id], enqueued{c.CommandUUID, c.Command.RequestType})
 		}
 		fmt.Fprintf(w, `{"command_uuid":%q,"request_type":%q}`, c.CommandUUID, c.Command.RequestType)
 	})
-	mux.HandleFunc("GET /v1/push/{ids}", func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, `{}`) })
+	mux.HandleFunc("GET /v1/push/{ids}", func(w http.ResponseWriter, r *http.Request) {
+		f.mu.Lock()
+		for _, id := range strings.Split(r.PathValue("ids"), ",") {
+			f.pushes[id]++
+		}
+		f.mu.Unlock()
+		io.WriteString(w, `{}`)
+	})
 	f.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if u, p, ok := r.BasicAuth(); !ok || u != "nanomdm" || p != key {
 			f.mu.Lock()
@@ -65,6 +75,20 @@ func (f *fakeNanoMDM) commands(id string) []enqueued {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return append([]enqueued(nil), f.cmds[id]...)
+}
+
+// command is the plist of the command enqueued as uuid.
+func (f *fakeNanoMDM) command(uuid string) []byte {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.raw[uuid]
+}
+
+// pushed is how many pushes were asked for id.
+func (f *fakeNanoMDM) pushed(id string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.pushes[id]
 }
 
 // resultPlist is id's answer to c, as a Mac gives it: DeviceInformation's

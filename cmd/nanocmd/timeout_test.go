@@ -1,0 +1,38 @@
+package main_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stepcollect/stepcollect/internal/testkit"
+)
+
+// With a short -step-timeout and -repush-interval, NanoCMD's engine worker
+// re-pushes an unanswered Mac at that interval and then times its step
+// out: the step is gone, the pushes stop, and the answer that comes after
+// completes nothing.
+func TestAnUnansweredStepIsRePushedThenTimesOut(t *testing.T) {
+	db := testkit.NewDB(t, &testkit.DBOptions{Empty: true})
+	c := startCluster(t, db, 1, "-worker-interval", "1", "-repush-interval", "1", "-step-timeout", "4")
+	m := newMac("TIMEOUT-A")
+	c.start(t, wfLock, "", m)
+	testkit.WaitUntil(t, 15*time.Second, "two re-pushes", func() (bool, any) {
+		n := c.mdm.pushed(m.id)
+		return n >= 2, n
+	})
+	c.noStepRowsLeft(t)
+	if !strings.Contains(c.logs(), "step timeout") {
+		t.Errorf("no step timeout logged:\n%s", c.logs())
+	}
+	pushes := c.mdm.pushed(m.id)
+	time.Sleep(2500 * time.Millisecond)
+	if n := c.mdm.pushed(m.id); n != pushes {
+		t.Errorf("%d more pushes after the step timed out", n-pushes)
+	}
+	drain(t, c.sender(), c.mdm, m)
+	if inv := c.inventory(t, m.id); inv[wfLock+".received"] != nil {
+		t.Errorf("a timed-out lock was completed: %v", inv)
+	}
+	c.noCommandEnqueuedTwice(t)
+}
