@@ -8,11 +8,15 @@ package nanocmdapp
 import (
 	"errors"
 	"flag"
+	"fmt"
 	"io"
 	"time"
 
+	"github.com/hibiken/asynq"
 	"github.com/micromdm/nanocmd/engine"
 	"github.com/micromdm/nanolib/envflag"
+
+	"github.com/stepcollect/stepcollect/internal/config"
 )
 
 // EnvPrefix is NanoCMD's: every flag -x-y has the fallback NANOCMD_X_Y.
@@ -40,6 +44,7 @@ type Config struct {
 	// Additions.
 	WebhookHMACKey string // NanoMDM's -webhook-hmac-key: X-Hmac-Signature checked when set
 	SweepInterval  uint   // seconds between sweeps for uncollected steps (-storage mysql); 0 disables
+	RedisURL       string // with -storage mysql: released steps handed to cmd/worker's queue, not collected here
 }
 
 // FlagSet defines cfg's flags on a new flag set named name. Its -h output
@@ -64,6 +69,7 @@ func FlagSet(name string, cfg *Config) *flag.FlagSet {
 
 	fs.StringVar(&cfg.WebhookHMACKey, "webhook-hmac-key", "", "NanoMDM's -webhook-hmac-key: webhook bodies must carry its X-Hmac-Signature (none: not checked)")
 	fs.UintVar(&cfg.SweepInterval, "sweep-interval", 30, "with -storage mysql: seconds between sweeps for steps left uncollected; 0 disables")
+	fs.StringVar(&cfg.RedisURL, "redis-url", "", "with -storage mysql: hand released steps to stepcollect's worker through this Redis (redis://, rediss:// or redis-sentinel://) instead of collecting them here; the worker sweeps")
 	return fs
 }
 
@@ -79,8 +85,26 @@ func Parse(name string, args, environ []string, out io.Writer) (*Config, error) 
 	if err := envflag.ParseFlagSet(fs, args, EnvPrefix, environ, []string{"version"}); err != nil {
 		return nil, err
 	}
-	if fs.NArg() > 0 {
-		return nil, errors.New("unexpected arguments: " + fs.Arg(0))
+	// the flag package has printed its own complaints; these are ours
+	if err := check(fs, cfg); err != nil {
+		fmt.Fprintln(out, err)
+		return nil, err
 	}
 	return cfg, nil
+}
+
+// check refuses what the flag package accepts but the server cannot use.
+func check(fs *flag.FlagSet, cfg *Config) error {
+	if fs.NArg() > 0 {
+		return errors.New("unexpected arguments: " + fs.Arg(0))
+	}
+	if cfg.RedisURL != "" {
+		if cfg.Storage != "mysql" {
+			return fmt.Errorf("-redis-url: only with -storage mysql (not %q): the worker collects from the database", cfg.Storage)
+		}
+		if _, err := asynq.ParseRedisURI(cfg.RedisURL); err != nil {
+			return fmt.Errorf("-redis-url: %w", config.RedactError(err, cfg.RedisURL))
+		}
+	}
+	return nil
 }

@@ -168,7 +168,8 @@ func New(ctx context.Context, cfg *Config, logger log.Logger, zl zerolog.Logger)
 func (s *Server) Addr() string { return s.listener.Addr().String() }
 
 // Run serves until ctx ends, with the engine worker and, with -storage
-// mysql, the sweep beside it.
+// mysql, the sweep beside it (or, with -redis-url, the hand-off to the
+// worker's queue).
 func (s *Server) Run(ctx context.Context) error {
 	defer s.close()
 	ctx, cancel := context.WithCancel(ctx)
@@ -188,8 +189,18 @@ func (s *Server) Run(ctx context.Context) error {
 		go s.sweep(ctx, time.Duration(s.cfg.SweepInterval)*time.Second)
 	}
 
+	if h := s.storage.handoff; h != nil {
+		// its own context: it outlives the requests in flight at shutdown,
+		// whose released steps it still hands over (its final flush)
+		hctx, stop := context.WithCancel(context.WithoutCancel(ctx))
+		go h.Run(hctx)
+		defer func() { stop(); <-h.Done() }()
+	}
+
 	srv := &http.Server{Handler: s.handler, ReadHeaderTimeout: 30 * time.Second}
+	shutDown := make(chan struct{})
 	go func() {
+		defer close(shutDown)
 		<-ctx.Done()
 		shut, done := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer done()
@@ -197,6 +208,11 @@ func (s *Server) Run(ctx context.Context) error {
 	}()
 	s.logger.Info(logkeys.Message, "starting server", "listen", s.Addr())
 	err := srv.Serve(s.listener)
+	if errors.Is(err, http.ErrServerClosed) {
+		// Serve returns at once; the requests in flight finish (and hand
+		// over their released steps) before the storage is closed
+		<-shutDown
+	}
 	logs := []interface{}{logkeys.Message, "server shutdown"}
 	if errors.Is(err, http.ErrServerClosed) {
 		err = nil

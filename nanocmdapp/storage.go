@@ -13,6 +13,7 @@ import (
 	"runtime"
 	"time"
 
+	"github.com/hibiken/asynq"
 	storageeng "github.com/micromdm/nanocmd/engine/storage"
 	storageengdiskv "github.com/micromdm/nanocmd/engine/storage/diskv"
 	storageenginmem "github.com/micromdm/nanocmd/engine/storage/inmem"
@@ -33,9 +34,11 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/stepcollect/stepcollect/collector"
+	"github.com/stepcollect/stepcollect/internal/config"
 	"github.com/stepcollect/stepcollect/metrics"
 	"github.com/stepcollect/stepcollect/nanocmdapp/mysqlstore"
 	stepmysql "github.com/stepcollect/stepcollect/storage/mysql"
+	"github.com/stepcollect/stepcollect/tasks"
 )
 
 type storageConfig struct {
@@ -46,8 +49,10 @@ type storageConfig struct {
 	event     storageeng.EventSubscriptionStorage
 	filevault storagefv.FVRotate
 
-	// with -storage mysql
+	// with -storage mysql: the sweeper when steps are collected here, or
+	// the hand-off to the worker's queue with -redis-url
 	sweeper *collector.Sweeper
+	handoff *collector.Handoff
 	close   func() error
 }
 
@@ -101,7 +106,8 @@ func parseStorage(ctx context.Context, cfg *Config, zl zerolog.Logger) (*storage
 
 // mysqlStorage is every storage on the one database: stepcollect's for the
 // engine (collection inline after each commit, a periodic sweep for what
-// that missed), mysqlstore's for the subsystems. Both schemas are applied
+// that missed; or, with -redis-url, handed to the worker's queue),
+// mysqlstore's for the subsystems. Both schemas are applied
 // at start; a NanoCMD v0.7.1 database is adopted in place.
 func mysqlStorage(ctx context.Context, cfg *Config, zl zerolog.Logger) (_ *storageConfig, err error) {
 	if cfg.StorageDSN == "" {
@@ -127,7 +133,29 @@ func mysqlStorage(ctx context.Context, cfg *Config, zl zerolog.Logger) (_ *stora
 	if err := mysqlstore.Migrate(startCtx, db); err != nil {
 		return nil, err
 	}
-	eng, err := stepmysql.New(stepmysql.WithDB(db), stepmysql.WithLogger(zl.With().Str("component", "storage").Logger()))
+	opts := []stepmysql.Option{stepmysql.WithDB(db), stepmysql.WithLogger(zl.With().Str("component", "storage").Logger())}
+	var (
+		handoff *collector.Handoff
+		enq     *tasks.Enqueuer
+	)
+	if cfg.RedisURL != "" {
+		// as the api does: each commit's released steps are batched onto
+		// the worker's queue off the request path; Redis being down delays
+		// collection (the worker's sweep is the backstop), never a result
+		redisOpt, perr := asynq.ParseRedisURI(cfg.RedisURL)
+		if perr != nil {
+			return nil, fmt.Errorf("-redis-url: %w", config.RedactError(perr, cfg.RedisURL))
+		}
+		enq = tasks.NewEnqueuer(redisOpt)
+		defer func() {
+			if err != nil {
+				enq.Close()
+			}
+		}()
+		handoff = collector.NewHandoff(collector.HandoffConfig{}, enq, zl.With().Str("component", "handoff").Logger())
+		opts = append(opts, stepmysql.WithReleaseSink(handoff))
+	}
+	eng, err := stepmysql.New(opts...)
 	if err != nil {
 		return nil, err
 	}
@@ -141,16 +169,21 @@ func mysqlStorage(ctx context.Context, cfg *Config, zl zerolog.Logger) (_ *stora
 	if err != nil {
 		return nil, err
 	}
-	sweeper := collector.NewSweeper(collector.SweeperConfig{Interval: time.Duration(cfg.SweepInterval) * time.Second},
-		eng, nil, metrics.NewSweeper(prometheus.NewRegistry()), zl.With().Str("component", "sweeper").Logger())
-	return &storageConfig{
+	sc := &storageConfig{
 		engine:    eng,
 		inventory: inv,
 		profile:   mysqlstore.NewProfiles(db),
 		cmdplan:   mysqlstore.NewCMDPlans(db),
 		event:     eng,
 		filevault: fv,
-		sweeper:   sweeper,
 		close:     db.Close,
-	}, nil
+	}
+	if handoff != nil {
+		sc.handoff = handoff
+		sc.close = func() error { enq.Close(); return db.Close() }
+		return sc, nil
+	}
+	sc.sweeper = collector.NewSweeper(collector.SweeperConfig{Interval: time.Duration(cfg.SweepInterval) * time.Second},
+		eng, nil, metrics.NewSweeper(prometheus.NewRegistry()), zl.With().Str("component", "sweeper").Logger())
+	return sc, nil
 }

@@ -20,7 +20,7 @@ import (
 var bins map[string]string
 
 func TestMain(m *testing.M) {
-	testkit.Main(m, "STEPCOLLECT_NANOCMD_BIN_DIR", false, func(b map[string]string) { bins = b }, "cmd/nanocmd")
+	testkit.Main(m, "STEPCOLLECT_NANOCMD_BIN_DIR", false, func(b map[string]string) { bins = b }, "cmd/nanocmd", "cmd/worker")
 }
 
 const (
