@@ -49,6 +49,7 @@ type Storage struct {
 	outbox    bool
 	sink      storage.EventSink
 	steps     *stepCache
+	inline    *releaseGroups
 	// maxPacket is the server's max_allowed_packet (or WithMaxPacket's),
 	// which every statement and so every event must fit.
 	maxPacket int
@@ -138,6 +139,7 @@ func New(opts ...Option) (*Storage, error) {
 		outbox:      cfg.outbox,
 		sink:        cfg.sink,
 		steps:       newStepCache(4096, 10*time.Minute),
+		inline:      newReleaseGroups(),
 		maxAttempts: max(cfg.maxAttempts, 1),
 		backoffBase: 5 * time.Millisecond,
 		backoffMax:  500 * time.Millisecond,
