@@ -74,11 +74,16 @@ services:
 	bash scripts/services.sh
 
 # stepcollect side by side with NanoCMD v0.7.0 and v0.7.1, the floor and the
-# service, on a private mariadbd; writes docs/bench/results.md and charts.
+# service, on a private mariadbd, and the same fan-out rows on the MySQL at
+# BENCH_MYSQL_DSN (scripts/mysql.sh's; BENCH_MYSQL_DSN= skips them); each
+# server also with the binary log written (sync_binlog=1). Writes
+# docs/bench/results.md and charts.
 # BENCH_N=25,300 BENCH_FLAGS=-skip-large-table for a quick look.
 BENCH_N ?= 25,100,300,3000,10000
+BENCH_MYSQL_DSN ?= root@tcp(127.0.0.1:3307)/
 bench: bench-build
-	cd bench && $(GO) run ./cmd/bench -bin ../bin/bench -n $(BENCH_N) -out ../docs/bench $(BENCH_FLAGS)
+	cd bench && $(GO) run ./cmd/bench -bin ../bin/bench -n $(BENCH_N) -out ../docs/bench \
+		$(if $(BENCH_MYSQL_DSN),-mysql-dsn '$(BENCH_MYSQL_DSN)') $(BENCH_FLAGS)
 
 bench-build:
 	mkdir -p bin/bench

@@ -14,14 +14,17 @@ import (
 
 // afterRelease runs after a transaction that deleted id_commands rows of
 // stepIDs has committed. With a ReleaseSink it hands them over at once,
-// unchecked: the collect task checks, claims and deletes them in batches,
-// off the request path. Without one it asks, without a lock, which of those
-// steps are now unreferenced, and collects them inline.
+// unchecked: the collect task checks, claims and deletes them in batches, off
+// the request path. Without one it asks, without a lock, which of those
+// steps are now unreferenced, and collects them inline, in a group with
+// the releases of other callers running at the same time (see
+// releaseGroups).
 //
 // The last enrollment to commit always sees the step unreferenced: every
 // other enrollment's deletes committed before its own COMMIT returned, and
-// this read runs after that in autocommit, so with a fresh view. Others may
-// see it too; the SKIP LOCKED claim lets exactly one of them delete it.
+// the check its group runs starts after that, in autocommit, so with a
+// fresh view. Others may see it too; the SKIP LOCKED claim lets exactly one
+// of them delete it.
 //
 // Nothing here is returned to the caller: the result it committed is what
 // matters, and a step left behind is inert until a later collection or the
@@ -41,6 +44,12 @@ func (s *Storage) afterRelease(ctx context.Context, stepIDs []int64) {
 		}
 		return
 	}
+	s.inline.collect(ctx, stepIDs, s.collectInline)
+}
+
+// collectInline is the inline collection of stepIDs: a check without a
+// lock, then a claim and deletes of the unreferenced ones.
+func (s *Storage) collectInline(ctx context.Context, stepIDs []int64) {
 	res := storage.CollectResult{}
 	var observed []time.Time
 	defer func() { s.observer.StepsCollected(res, observed) }()

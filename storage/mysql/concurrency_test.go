@@ -68,6 +68,71 @@ func TestFanOutOf300AllReportingAtOnceCommitsEveryResultAndLeavesNothing(t *test
 	requireRealConcurrency(t, b)
 }
 
+// Inline collection (no Collector) checks the releases of results
+// committed at the same time together: a fan-out is not checked once per
+// result (each check reads past every entry the results before it
+// deleted: quadratic in the fan-out), and a burst of one-step releases is
+// claimed in shared transactions, not one each. Every step is still
+// collected before its last result returns.
+func TestConcurrentReleasesAreCheckedAndCollectedInGroups(t *testing.T) {
+	const n = 300
+	t.Run("one step to all", func(t *testing.T) {
+		b := setup(t, nil)
+		step := b.stored(t, "grouped", n, 1)
+		var failed atomicCount
+		startTogether(n, func(i int) {
+			if r, err := b.answer(t.Context(), step, i, 0); err != nil || r == nil {
+				failed.add()
+			}
+		})
+		if failed.n() > 0 {
+			t.Fatalf("%d of %d results failed or did not complete", failed.n(), n)
+		}
+		if c := countRows(t, b.db.DB); c != (testkit.StepRows{}) {
+			t.Errorf("rows left once every result returned: %+v", c)
+		}
+		if runs := b.obs.collectionRuns(); runs > n/3 {
+			t.Errorf("%d collection runs (a check each) for %d results released together; want them grouped (at most %d)", runs, n, n/3)
+		}
+		requireRealConcurrency(t, b)
+	})
+	t.Run("a step each", func(t *testing.T) {
+		b := setup(t, nil)
+		steps := make([]*nanostorage.StepEnqueuingWithConfig, n)
+		for i := range steps {
+			steps[i] = b.stored(t, fmt.Sprintf("each%03d", i), 1, 1)
+		}
+		var failed atomicCount
+		startTogether(n, func(i int) {
+			if r, err := b.answer(t.Context(), steps[i], 0, 0); err != nil || r == nil {
+				failed.add()
+			}
+		})
+		if failed.n() > 0 {
+			t.Fatalf("%d of %d results failed or did not complete", failed.n(), n)
+		}
+		if c := countRows(t, b.db.DB); c != (testkit.StepRows{}) {
+			t.Errorf("rows left once every result returned: %+v", c)
+		}
+		_, collected := b.obs.snapshot()
+		if collected[storage.CollectCollected] != n {
+			t.Errorf("collected %d steps, want %d (%v)", collected[storage.CollectCollected], n, collected)
+		}
+		if runs := b.obs.collectionRuns(); runs > n/3 {
+			t.Errorf("%d collection runs (a check and a claim transaction each) for %d steps released together; want them grouped (at most %d)", runs, n, n/3)
+		}
+		requireRealConcurrency(t, b)
+	})
+}
+
+type atomicCount struct {
+	mu sync.Mutex
+	v  int
+}
+
+func (c *atomicCount) add()   { c.mu.Lock(); c.v++; c.mu.Unlock() }
+func (c *atomicCount) n() int { c.mu.Lock(); defer c.mu.Unlock(); return c.v }
+
 func TestNotUntilStepCompletesWithItsRawCommandsStillPresent(t *testing.T) {
 	b := setup(t, nil)
 	ctx := t.Context()

@@ -49,6 +49,7 @@ type Storage struct {
 	txOpts   *sql.TxOptions
 	outbox   bool
 	steps    *stepCache
+	inline   *releaseGroups
 	// maxPacket is the server's max_allowed_packet (or WithMaxPacket's),
 	// which every statement and so every event must fit.
 	maxPacket int
@@ -132,6 +133,7 @@ func New(opts ...Option) (*Storage, error) {
 		observer:    cfg.observer,
 		outbox:      cfg.outbox,
 		steps:       newStepCache(4096, 10*time.Minute),
+		inline:      newReleaseGroups(),
 		maxAttempts: max(cfg.maxAttempts, 1),
 		backoffBase: 5 * time.Millisecond,
 		backoffMax:  500 * time.Millisecond,

@@ -122,7 +122,10 @@ type countingObserver struct {
 	mu        chan struct{}
 	retries   map[string]int
 	collected storage.CollectResult
-	setAside  map[string]int
+	// collections counts StepsCollected calls: one per collection run
+	// (a check and the claims that follow it).
+	collections int
+	setAside    map[string]int
 }
 
 func newCountingObserver() *countingObserver {
@@ -144,9 +147,16 @@ func (o *countingObserver) ResultCommitted(time.Duration, bool, error) {}
 func (o *countingObserver) StepsCollected(res storage.CollectResult, _ []time.Time) {
 	o.lock()
 	defer o.unlock()
+	o.collections++
 	for k, v := range res {
 		o.collected[k] += v
 	}
+}
+
+func (o *countingObserver) collectionRuns() int {
+	o.lock()
+	defer o.unlock()
+	return o.collections
 }
 
 func (o *countingObserver) EventSetAside(typ string) {

@@ -114,7 +114,8 @@ func (r *runner) startEnvWith(cfg serverConfig, workers, inflight int, opts envO
 			e.close()
 		}
 	}()
-	e.dsn, e.drop, err = freshDatabase(r.admin, r.server, merge(cfg.params, map[string]string{"interpolateParams": "true"}))
+	admin, server := r.serverOf(cfg)
+	e.dsn, e.drop, err = freshDatabase(admin, server, merge(cfg.params, map[string]string{"interpolateParams": "true"}))
 	if err != nil {
 		return nil, err
 	}

@@ -16,7 +16,8 @@ import (
 // the same server, setting and pool.
 func (r *runner) floor(cfg serverConfig, n int, control bool) (*fanout.Result, error) {
 	r.announce(implFloor, cfg, n, control, fanout.ModeFanOut)
-	dsn, drop, err := freshDatabase(r.admin, r.server, cfg.params)
+	admin, server := r.serverOf(cfg)
+	dsn, drop, err := freshDatabase(admin, server, cfg.params)
 	if err != nil {
 		return nil, err
 	}

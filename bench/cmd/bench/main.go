@@ -34,16 +34,80 @@ import (
 )
 
 // serverConfig is one server setting, applied per session through the DSN.
+// on is the server it runs on: nil for the benchmark's own (the private
+// mariadbd or -server), else the one -mysql-dsn names.
 type serverConfig struct {
 	Name   string
 	Pool   int
 	params map[string]string
+	on     *dbServer
 }
 
+// dbServer is a server other than the benchmark's own that rows run on.
+type dbServer struct {
+	dsn     string // root, no database
+	admin   *sql.DB
+	version string
+	logBin  bool
+}
+
+// binlogOn reports whether the server writes a binary log.
+func binlogOn(admin *sql.DB) (bool, error) {
+	var on int
+	err := admin.QueryRow("SELECT @@log_bin").Scan(&on)
+	return on == 1, err
+}
+
+// mysqlConfigs are configs on MySQL (-mysql-dsn): MySQL 8.0 removed
+// tx_isolation for transaction_isolation (MariaDB 10.11 knows only the
+// first), and a pool is kept under the server's max_connections.
+func mysqlConfigs(on *dbServer, maxConns int) []serverConfig {
+	var out []serverConfig
+	for _, c := range configs {
+		m := serverConfig{Name: "MySQL " + c.Name, Pool: min(c.Pool, maxConns-100), on: on, params: map[string]string{}}
+		for k, v := range c.params {
+			if k == "tx_isolation" {
+				k = "transaction_isolation"
+			}
+			m.params[k] = v
+		}
+		out = append(out, m)
+	}
+	return out
+}
+
+// serverOf is the admin pool and the root DSN of cfg's server.
+func (r *runner) serverOf(cfg serverConfig) (*sql.DB, string) {
+	if cfg.on != nil {
+		return cfg.on.admin, cfg.on.dsn
+	}
+	return r.admin, r.server
+}
+
+// The server runs with the binary log on and sync_binlog=1; defaults and
+// stricter keep their transactions out of it (sql_log_bin=0, per session),
+// binlog writes every one to it, as a server that replicas (and so any
+// failover) follow must.
 var configs = []serverConfig{
-	{Name: "defaults", Pool: 128},
+	{Name: "defaults", Pool: 128, params: map[string]string{"sql_log_bin": "0"}},
 	{Name: "stricter", Pool: 1000, params: map[string]string{
-		"tx_isolation": "'READ-COMMITTED'", "innodb_lock_wait_timeout": "1"}},
+		"tx_isolation": "'READ-COMMITTED'", "innodb_lock_wait_timeout": "1", "sql_log_bin": "0"}},
+	{Name: settingBinlog, Pool: 128},
+}
+
+// settingBinlog is the setting with the binary log in use.
+const settingBinlog = "binlog"
+
+// withoutBinlog drops the binlog setting, for a server whose binary log is
+// off (a -server without one): its rows would be the defaults' again.
+func withoutBinlog(cs []serverConfig) []serverConfig {
+	var out []serverConfig
+	for _, c := range cs {
+		if c.Name != settingBinlog {
+			out = append(out, c)
+		}
+	}
+	return out
 }
 
 // storageImpl is one storage-level implementation: a binary and the DSN
@@ -94,6 +158,7 @@ func main() {
 		wN      = flag.Int("workers-n", 10000, "results committed with the workers stopped, for the worker-throughput table")
 		e2eN    = flag.Int("e2e-n", 3000, "enrollments of the end-to-end run against NanoCMD v0.7.1's own server (0 skips it; -only e2e runs it alone)")
 		e2eIn   = flag.Int("e2e-inflight", 64, "enrollments answering at once in the end-to-end run (each answers its commands one after another)")
+		myDSN   = flag.String("mysql-dsn", "", "also run the fan-out rows (floor, NanoCMD, storage, service) on this MySQL server (root DSN, no database), as settings \"MySQL defaults\", \"MySQL stricter\" and \"MySQL binlog\"")
 	)
 	flag.Parse()
 	ns, err := parseInts(*nsFlag)
@@ -126,7 +191,7 @@ func main() {
 	}
 	r := &runner{bin: *binDir, server: *shared}
 	if r.server == "" {
-		progress("starting a private mariadbd (max_connections 2000)")
+		progress("starting a private mariadbd (max_connections 2000, binary log on, sync_binlog=1)")
 		srv, err := startPrivateServer(2000)
 		if err != nil {
 			die("%v", err)
@@ -140,6 +205,28 @@ func main() {
 	var version string
 	if err := r.admin.QueryRow("SELECT VERSION()").Scan(&version); err != nil {
 		die("server: %v", err)
+	}
+	if logBin, err := binlogOn(r.admin); err != nil {
+		die("server: %v", err)
+	} else if !logBin {
+		progress("the server's binary log is off: no %s rows", settingBinlog)
+		configs = withoutBinlog(configs)
+	}
+	var mysqlSrv *dbServer
+	if *myDSN != "" {
+		if mysqlSrv, err = openMySQL(*myDSN); err != nil {
+			die("-mysql-dsn: %v (BENCH_MYSQL_DSN= skips the MySQL rows)", err)
+		}
+		var maxConns int
+		if err := mysqlSrv.admin.QueryRow("SELECT @@max_connections").Scan(&maxConns); err != nil {
+			die("-mysql-dsn: %v", err)
+		}
+		my := mysqlConfigs(mysqlSrv, maxConns)
+		if !mysqlSrv.logBin {
+			progress("MySQL's binary log is off: no MySQL %s rows", settingBinlog)
+			my = withoutBinlog(my)
+		}
+		configs = append(configs, my...)
 	}
 	r.raw, err = os.Create(filepath.Join(*outDir, "raw.jsonl"))
 	if err != nil {
@@ -250,7 +337,7 @@ func main() {
 		prof = r.profile(*outDir)
 	}
 
-	md := report(r.results, sus, drains, e2e, large, prof, version, started, time.Since(started))
+	md := report(r.results, sus, drains, e2e, large, prof, version, mysqlSrv, started, time.Since(started))
 	if err := os.WriteFile(filepath.Join(*outDir, "results.md"), []byte(md), 0o644); err != nil {
 		die("%v", err)
 	}
@@ -259,6 +346,22 @@ func main() {
 	}
 	fmt.Print(md)
 	progress("done in %v; wrote %s", time.Since(started).Round(time.Second), filepath.Join(*outDir, "results.md"))
+}
+
+// openMySQL opens the -mysql-dsn server and describes it.
+func openMySQL(dsn string) (*dbServer, error) {
+	admin, err := sql.Open("mysql", dsn)
+	if err != nil {
+		return nil, err
+	}
+	srv := &dbServer{dsn: dsn, admin: admin}
+	var logBin, syncBinlog int
+	if err := admin.QueryRow("SELECT VERSION(), @@log_bin, @@sync_binlog").Scan(&srv.version, &logBin, &syncBinlog); err != nil {
+		return nil, err
+	}
+	srv.logBin = logBin == 1
+	srv.version += ifs(srv.logBin, fmt.Sprintf(", binary log on, sync_binlog=%d", syncBinlog)) + ifs(!srv.logBin, ", binary log off")
+	return srv, nil
 }
 
 func (r *runner) record(res *fanout.Result, err error) {
@@ -300,7 +403,8 @@ func (r *runner) storage(im storageImpl, mode string, cfg serverConfig, n int, c
 	} else {
 		r.announce(im.Label, cfg, n, control, mode)
 	}
-	dsn, drop, err := freshDatabase(r.admin, r.server, merge(cfg.params, im.params))
+	admin, server := r.serverOf(cfg)
+	dsn, drop, err := freshDatabase(admin, server, merge(cfg.params, im.params))
 	if err != nil {
 		return nil, err
 	}

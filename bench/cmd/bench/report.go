@@ -45,16 +45,21 @@ func index(results []*fanout.Result) map[key]*fanout.Result {
 	return m
 }
 
-func report(results []*fanout.Result, sus *sustainedResult, drains []*drainResult, e2e *e2eResult, large *largeTable, prof *profiled, version string, started time.Time, took time.Duration) string {
+func report(results []*fanout.Result, sus *sustainedResult, drains []*drainResult, e2e *e2eResult, large *largeTable, prof *profiled, version string, mysqlSrv *dbServer, started time.Time, took time.Duration) string {
 	var b strings.Builder
 	host, _ := os.Hostname()
 	idx := index(results)
 	fmt.Fprintf(&b, "# stepcollect benchmarks\n\n")
 	fmt.Fprintf(&b, "`make bench`, %s UTC, on %s (%d CPUs, %s/%s), MariaDB %s in a private `mariadbd` the benchmark starts "+
-		"(max_connections 2000, buffer pool 512 MiB, durable commits: innodb_flush_log_at_trx_commit=1, no binary log); the whole run took %v.\n\n",
-		started.UTC().Format("2006-01-02 15:04"), host, runtime.NumCPU(), runtime.GOOS, runtime.GOARCH, version, took.Round(time.Second))
+		"(max_connections 2000, buffer pool 512 MiB, durable commits: innodb_flush_log_at_trx_commit=1, %s); the whole run took %v.\n\n",
+		started.UTC().Format("2006-01-02 15:04"), host, runtime.NumCPU(), runtime.GOOS, runtime.GOARCH, version,
+		"binary log on with sync_binlog=1, written only in the binlog setting", took.Round(time.Second))
+	if mysqlSrv != nil {
+		fmt.Fprintf(&b, "The **MySQL** settings ran on MySQL %s (`-mysql-dsn`; its own server settings), pools %s.\n\n", mysqlSrv.version, mysqlPools())
+	}
 	b.WriteString("Server settings, applied per session: **defaults** = REPEATABLE READ, lock wait 50 s, pool 128; " +
-		"**stricter** = READ COMMITTED, lock wait 1 s, pool 1000. Every measurement has a fresh database and a pool warmed a few " +
+		"**stricter** = READ COMMITTED, lock wait 1 s, pool 1000, both without the binary log (sql_log_bin=0); " +
+		"**binlog** = defaults with every transaction in the binary log, sync_binlog=1 (what replicas, and so any failover, need). Every measurement has a fresh database and a pool warmed a few " +
 		"connections at a time. Latencies are per result, from the moment all callers are released. " +
 		"The floor is N concurrent single-row autocommit UPDATEs, each on its own row: one durable commit per result, " +
 		"the least any design can cost. The service is the real `cmd/api` taking NanoMDM webhook requests over HTTP " +
@@ -374,6 +379,17 @@ func drainMarkdown(ds []*drainResult) string {
 	return b.String()
 }
 
+// mysqlPools names the pools of the MySQL settings.
+func mysqlPools() string {
+	var parts []string
+	for _, c := range configs {
+		if c.on != nil {
+			parts = append(parts, fmt.Sprintf("%s %d", c.Name, c.Pool))
+		}
+	}
+	return strings.Join(parts, ", ")
+}
+
 func configPool(name string) int {
 	for _, c := range configs {
 		if c.Name == name {
@@ -448,17 +464,23 @@ func charts(results []*fanout.Result, ns []int, outDir string) error {
 	for _, cfg := range configs {
 		wall := func(r *fanout.Result, _ int) float64 { return r.WallMS }
 		if err := nChart(idx, ns, cfg, fmt.Sprintf("One step to N enrollments, all reporting at once (%s)", cfg.Name),
-			"wall time (ms)", filepath.Join(outDir, "fanout-"+cfg.Name+".png"), wall); err != nil {
+			"wall time (ms)", filepath.Join(outDir, "fanout-"+chartName(cfg.Name)+".png"), wall); err != nil {
 			return err
 		}
 		// flat means a design whose cost per result does not grow with N
 		perResult := func(r *fanout.Result, n int) float64 { return r.WallMS / float64(n) }
 		if err := nChart(idx, ns, cfg, fmt.Sprintf("Wall time per result, one step to N enrollments (%s)", cfg.Name),
-			"ms per result (wall / N)", filepath.Join(outDir, "perresult-"+cfg.Name+".png"), perResult); err != nil {
+			"ms per result (wall / N)", filepath.Join(outDir, "perresult-"+chartName(cfg.Name)+".png"), perResult); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// chartName is a setting's name as a file name: "MySQL stricter" is
+// mysql-stricter.
+func chartName(setting string) string {
+	return strings.ToLower(strings.ReplaceAll(setting, " ", "-"))
 }
 
 // nChart draws one line per implementation of y(row, N) against N, both

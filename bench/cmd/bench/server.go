@@ -20,7 +20,9 @@ import (
 
 // privateServer is a mariadbd of the benchmark's own, on a free port and a
 // temporary datadir: the stricter setting needs 1000 connections, and the
-// shared server's GLOBAL settings are not the benchmark's to change.
+// shared server's GLOBAL settings are not the benchmark's to change. Its
+// binary log is on with sync_binlog=1; the settings but binlog keep their
+// sessions out of it (sql_log_bin=0).
 type privateServer struct {
 	dir  string
 	cmd  *exec.Cmd
@@ -45,7 +47,7 @@ func startPrivateServer(maxConns int) (*privateServer, error) {
 	}
 	cmd := exec.Command("mariadbd", "--user=mysql", "--datadir="+dir, "--port="+strconv.Itoa(port),
 		"--bind-address=127.0.0.1", "--socket="+filepath.Join(dir, "sock"), "--pid-file="+filepath.Join(dir, "pid"),
-		"--skip-log-bin", "--max-connections="+strconv.Itoa(maxConns), "--innodb-buffer-pool-size=512M",
+		"--log-bin="+filepath.Join(dir, "binlog"), "--sync-binlog=1", "--max-connections="+strconv.Itoa(maxConns), "--innodb-buffer-pool-size=512M",
 		"--back-log=4096", "--log-error="+filepath.Join(dir, "error.log"))
 	if err := cmd.Start(); err != nil {
 		os.RemoveAll(dir)

@@ -33,7 +33,11 @@ func (r *runner) serviceProfiled(cfg serverConfig, n int, control bool, profile 
 	if err := e.createSteps(0, n, control, 16); err != nil {
 		return nil, err
 	}
-	b := e.burst(n, control, e.pids(r.serverPID))
+	serverPID := r.serverPID
+	if cfg.on != nil {
+		serverPID = 0 // not the server whose CPU the bench can see
+	}
+	b := e.burst(n, control, e.pids(serverPID))
 	res := &fanout.Result{Config: fanout.Config{Impl: implService, Mode: fanout.ModeFanOut, N: n, Control: control, Pool: cfg.Pool},
 		Errors: b.errors, Server: cfg.Name, Completed: b.completed, WallMS: fanout.MS(b.wall), CPU: b.cpu}
 	res.P50MS, res.P99MS = fanout.Quantiles(b.lat)

@@ -1,0 +1,91 @@
+package mysql
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+)
+
+// formingLen is how many distinct ids the forming group holds.
+func (r *releaseGroups) formingLen() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.forming == nil {
+		return 0
+	}
+	return len(r.forming.ids)
+}
+
+// A release that arrives while a run is in flight is not served by that
+// run (it started before the release, so its check may predate the
+// release's commit): it waits for the next run, which carries every release
+// that arrived meanwhile, in one run. A step released twice is checked once.
+func TestReleasesArrivingDuringARunWaitForTheNextOneAndShareIt(t *testing.T) {
+	r := newReleaseGroups()
+	var mu sync.Mutex
+	var runs [][]int64
+	firstStarted, releaseFirst := make(chan struct{}), make(chan struct{})
+	run := func(_ context.Context, ids []int64) {
+		mu.Lock()
+		runs = append(runs, slices.Clone(ids))
+		n := len(runs)
+		mu.Unlock()
+		if n == 1 {
+			close(firstStarted)
+			<-releaseFirst
+		}
+	}
+	ctx := t.Context()
+	firstDone := make(chan struct{})
+	go func() { r.collect(ctx, []int64{1, 1}, run); close(firstDone) }()
+	<-firstStarted
+
+	returned := make(chan int64, 3)
+	for _, id := range []int64{2, 3, 4} {
+		go func() { r.collect(ctx, []int64{id}, run); returned <- id }()
+	}
+	for deadline := time.Now().Add(15 * time.Second); r.formingLen() < 3; {
+		if time.Now().After(deadline) {
+			t.Fatal("the releases never joined a group")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	close(releaseFirst)
+	<-firstDone
+	for range 3 {
+		select {
+		case <-returned:
+		case <-time.After(15 * time.Second):
+			t.Fatal("a release waited forever")
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(runs) != 2 {
+		t.Fatalf("runs %v, want the first and one more for the releases that waited", runs)
+	}
+	if !slices.Equal(runs[0], []int64{1}) {
+		t.Errorf("first run checked %v, want [1] (once)", runs[0])
+	}
+	slices.Sort(runs[1])
+	if !slices.Equal(runs[1], []int64{2, 3, 4}) {
+		t.Errorf("second run checked %v, want [2 3 4]", runs[1])
+	}
+}
+
+// The member that runs a group does so for all of its members: its own
+// context ending does not cancel the run.
+func TestAGroupsRunOutlivesTheContextOfTheMemberRunningIt(t *testing.T) {
+	r := newReleaseGroups()
+	ctx, cancel := context.WithCancel(context.Background())
+	var runErr error
+	r.collect(ctx, []int64{7}, func(rctx context.Context, _ []int64) {
+		cancel()
+		runErr = rctx.Err()
+	})
+	if runErr != nil {
+		t.Errorf("the run's context ended with its member's: %v", runErr)
+	}
+}
