@@ -85,6 +85,7 @@ func RequireMySQL(t testing.TB) {
 func NewDB(t testing.TB, opts *DBOptions) *DB {
 	t.Helper()
 	RequireMySQL(t)
+	holdDBSlot(t) // before the pool, so that it is given back after it closes
 	if opts == nil {
 		opts = &DBOptions{}
 	}
