@@ -31,6 +31,14 @@ const (
 	DefaultMaxDeliveryAge      = 72 * time.Hour
 )
 
+// DefaultLease is the dispatcher's lease. Short, because it is all a
+// SIGKILLed worker's successor waits for: the events it held are claimable
+// again at most 3 s after its death. Renewed every second while the POST
+// runs, a delivery loses its claim only when two renewals in a row fail
+// (the database unreachable for 2 s), and then costs at most a duplicate,
+// which the receiver's dedup on event_id absorbs.
+const DefaultLease = 3 * time.Second
+
 // DispatchConfig configures a Dispatcher. The zero value is the default,
 // but for MaxAttempts and MaxAge, where zero holds nothing.
 type DispatchConfig struct {
@@ -44,7 +52,7 @@ type DispatchConfig struct {
 	PollInterval time.Duration
 	// Lease is how long a claim keeps other workers off an event; it is
 	// renewed every third of it while the POST runs, so a worker that dies
-	// loses its events to another within one lease. Default 10s.
+	// loses its events to another within one lease. Default DefaultLease.
 	Lease time.Duration
 	// MaxBackoff caps the wait between tries of an event whose receiver
 	// failed: a receiver that comes back is served within it. Default 10s.
@@ -84,7 +92,7 @@ func NewDispatcher(cfg DispatchConfig, d *Deliverer, store DispatchStore) *Dispa
 		cfg.PollInterval = 100 * time.Millisecond
 	}
 	if cfg.Lease <= 0 {
-		cfg.Lease = 10 * time.Second
+		cfg.Lease = DefaultLease
 	}
 	if cfg.MaxBackoff <= 0 {
 		cfg.MaxBackoff = 10 * time.Second

@@ -44,6 +44,7 @@ type Receiver struct {
 	events    map[string]events.Event // by event id, the first accepted copy
 	first     map[string]time.Time    // event id → first accepted arrival
 	times     map[string]int          // event id → times accepted
+	arrived   map[string]int          // event id → POSTs read, answered or not yet
 	byPair    map[string]string       // "step_id/enrollment" of a completion → event id
 	posts     int                     // every POST
 	refused   int                     // answered with status
@@ -54,7 +55,7 @@ type Receiver struct {
 // NewReceiver starts a Receiver for t.
 func NewReceiver(t testing.TB, opts ReceiverOptions) *Receiver {
 	r := &Receiver{opts: opts, events: map[string]events.Event{}, first: map[string]time.Time{},
-		times: map[string]int{}, byPair: map[string]string{}}
+		times: map[string]int{}, arrived: map[string]int{}, byPair: map[string]string{}}
 	srv := httptest.NewServer(r)
 	t.Cleanup(srv.Close)
 	r.URL = srv.URL
@@ -69,6 +70,13 @@ func (r *Receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	var ev events.Event
 	if err == nil {
 		err = json.Unmarshal(body, &ev)
+	}
+	if err == nil && ev.EventID != "" {
+		// noted before the delay: a POST being answered is in flight, and
+		// its worker killed now leaves it delivered but not acknowledged
+		r.mu.Lock()
+		r.arrived[ev.EventID]++
+		r.mu.Unlock()
 	}
 	// a slow engine: the event counts as received even if the worker is
 	// gone by the time it answers, as with a real receiver
@@ -151,6 +159,19 @@ func (r *Receiver) Times(eventID string) int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.times[eventID]
+}
+
+// Arrived is every event whose POST the receiver has read, answered or
+// still being answered, with how many such POSTs: what a worker killed now
+// has delivered, whether or not it saw the answer.
+func (r *Receiver) Arrived() map[string]int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make(map[string]int, len(r.arrived))
+	for k, v := range r.arrived {
+		out[k] = v
+	}
+	return out
 }
 
 // Redelivered is every event accepted more than once, with how often.
