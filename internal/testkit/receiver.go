@@ -45,6 +45,7 @@ type Receiver struct {
 	first     map[string]time.Time    // event id → first accepted arrival
 	times     map[string]int          // event id → times accepted
 	arrived   map[string]int          // event id → POSTs read, answered or not yet
+	answering int                     // POSTs read and not answered yet
 	byPair    map[string]string       // "step_id/enrollment" of a completion → event id
 	posts     int                     // every POST
 	refused   int                     // answered with status
@@ -71,11 +72,13 @@ func (r *Receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	if err == nil {
 		err = json.Unmarshal(body, &ev)
 	}
-	if err == nil && ev.EventID != "" {
+	noted := err == nil && ev.EventID != ""
+	if noted {
 		// noted before the delay: a POST being answered is in flight, and
 		// its worker killed now leaves it delivered but not acknowledged
 		r.mu.Lock()
 		r.arrived[ev.EventID]++
+		r.answering++
 		r.mu.Unlock()
 	}
 	// a slow engine: the event counts as received even if the worker is
@@ -83,6 +86,9 @@ func (r *Receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	time.Sleep(r.opts.Delay)
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if noted {
+		r.answering--
+	}
 	r.posts++
 	if r.opts.HMACKey != nil {
 		mac := hmac.New(sha256.New, r.opts.HMACKey)
@@ -172,6 +178,13 @@ func (r *Receiver) Arrived() map[string]int {
 		out[k] = v
 	}
 	return out
+}
+
+// Answering is how many POSTs the receiver has read and not answered yet.
+func (r *Receiver) Answering() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.answering
 }
 
 // Redelivered is every event accepted more than once, with how often.
