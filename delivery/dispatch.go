@@ -31,6 +31,14 @@ const (
 	DefaultMaxDeliveryAge      = 72 * time.Hour
 )
 
+// DefaultLease is the dispatcher's lease. Short, because it is all a
+// SIGKILLed worker's successor waits for: the events it held are claimable
+// again at most 3 s after its death. Renewed every second while the POST
+// runs, a delivery loses its claim only when two renewals in a row fail
+// (the database unreachable for 2 s), and then costs at most a duplicate,
+// which the receiver's dedup on event_id absorbs.
+const DefaultLease = 3 * time.Second
+
 // DispatchConfig configures a Dispatcher. The zero value is the default,
 // but for MaxAttempts and MaxAge, where zero holds nothing.
 type DispatchConfig struct {
@@ -44,7 +52,7 @@ type DispatchConfig struct {
 	PollInterval time.Duration
 	// Lease is how long a claim keeps other workers off an event; it is
 	// renewed every third of it while the POST runs, so a worker that dies
-	// loses its events to another within one lease. Default 10s.
+	// loses its events to another within one lease. Default DefaultLease.
 	Lease time.Duration
 	// MaxBackoff caps the wait between tries of an event whose receiver
 	// failed: a receiver that comes back is served within it. Default 10s.
@@ -70,6 +78,14 @@ type Dispatcher struct {
 	d      *Deliverer
 	store  DispatchStore
 	paused atomic.Bool // as the last claim of any loop found it: logs once per change
+
+	// mine is every event this worker's loops are delivering, until
+	// acknowledged or failed. A claim that returns one of them (its lease
+	// lapsed behind late renewals, a database slower than a lease) does not
+	// POST it again: the short lease may cost a duplicate between workers,
+	// never within one.
+	mu   sync.Mutex
+	mine map[int64]bool
 }
 
 // NewDispatcher returns a Dispatcher posting through d.
@@ -84,7 +100,7 @@ func NewDispatcher(cfg DispatchConfig, d *Deliverer, store DispatchStore) *Dispa
 		cfg.PollInterval = 100 * time.Millisecond
 	}
 	if cfg.Lease <= 0 {
-		cfg.Lease = 10 * time.Second
+		cfg.Lease = DefaultLease
 	}
 	if cfg.MaxBackoff <= 0 {
 		cfg.MaxBackoff = 10 * time.Second
@@ -92,7 +108,7 @@ func NewDispatcher(cfg DispatchConfig, d *Deliverer, store DispatchStore) *Dispa
 	if cfg.Drain <= 0 {
 		cfg.Drain = 8 * time.Second
 	}
-	return &Dispatcher{cfg: cfg, d: d, store: store}
+	return &Dispatcher{cfg: cfg, d: d, store: store, mine: map[int64]bool{}}
 }
 
 // Run delivers until ctx ends, then lets the POSTs in flight finish (up to
@@ -146,16 +162,36 @@ func (p *Dispatcher) loop(ctx, work context.Context) {
 			}
 			failing = false
 		}
-		if len(evs) > 0 {
+		claimed := len(evs)
+		if evs = p.own(evs); len(evs) > 0 {
 			p.deliverBatch(work, evs)
 		}
-		if len(evs) < p.cfg.Batch {
+		if claimed < p.cfg.Batch {
 			select {
 			case <-ctx.Done():
 			case <-time.After(p.cfg.PollInterval):
 			}
 		}
 	}
+}
+
+// own keeps the claimed events no loop of this worker is delivering yet,
+// and marks them as being delivered.
+func (p *Dispatcher) own(evs []*storage.OutboxEvent) []*storage.OutboxEvent {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	kept := evs[:0]
+	for _, ev := range evs {
+		if p.mine[ev.ID] {
+			// its claim just renewed the lease the POST in flight holds
+			p.d.logger.Warn().Int64(logkeys.OutboxID, ev.ID).Str(logkeys.EventID, ev.EventID).Stringer("lease", p.cfg.Lease).
+				Msg("claimed an event this worker is still delivering (its lease lapsed: renewals late); not posting it twice")
+			continue
+		}
+		p.mine[ev.ID] = true
+		kept = append(kept, ev)
+	}
+	return kept
 }
 
 // deliverBatch POSTs evs concurrently, renewing the lease of each until it
@@ -178,6 +214,11 @@ func (p *Dispatcher) deliverBatch(ctx context.Context, evs []*storage.OutboxEven
 			delete(leased, id)
 		}
 		mu.Unlock()
+		p.mu.Lock()
+		for _, id := range ids {
+			delete(p.mine, id)
+		}
+		p.mu.Unlock()
 	}
 	renewDone := make(chan struct{})
 	go func() {

@@ -136,6 +136,37 @@ func TestAReceiverThatComesBackIsServedWithinTheBackoffCap(t *testing.T) {
 	rcv.Check(t)
 }
 
+// lateRenewals is a store whose lease renewals never land, as when the
+// database answers them later than a lease.
+type lateRenewals struct{ *stepmysql.Storage }
+
+func (lateRenewals) RenewLeases(context.Context, []int64, time.Duration) error { return nil }
+
+// An event whose lease lapses while its POST runs (the renewals late) is
+// claimed again by another loop of the same worker, which does not POST it
+// a second time: one worker never delivers one event twice at once.
+func TestAWorkerNeverPostsAnEventItIsStillDelivering(t *testing.T) {
+	db, store := outboxStore(t)
+	rcv := testkit.NewReceiver(t, testkit.ReceiverOptions{CompletionsOnly: true})
+	completions(t, store, "own", 1)
+	const lease = 300 * time.Millisecond
+	var posts atomic.Int32
+	// answers after six leases: the other loops poll all the while
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		posts.Add(1)
+		time.Sleep(6 * lease)
+		rcv.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	runDispatcher(t, delivery.DispatchConfig{Lease: lease, PollInterval: 20 * time.Millisecond}, srv.URL, lateRenewals{store})
+	awaitDelivered(t, rcv, 1, "the event delivered")
+	awaitOutboxEmpty(t, db)
+	if n := posts.Load(); n != 1 {
+		t.Errorf("the event was posted %d times by one worker, want 1: its lease lapsed and another loop posted it again", n)
+	}
+	rcv.Check(t)
+}
+
 // An event answered at once is acknowledged then, not when the slowest
 // POST of its batch returns: with a second worker polling, a receiver that
 // answers one event after more than a lease never sees the fast one twice.

@@ -44,6 +44,8 @@ type Receiver struct {
 	events    map[string]events.Event // by event id, the first accepted copy
 	first     map[string]time.Time    // event id → first accepted arrival
 	times     map[string]int          // event id → times accepted
+	arrived   map[string]int          // event id → POSTs read, answered or not yet
+	answering int                     // POSTs read and not answered yet
 	byPair    map[string]string       // "step_id/enrollment" of a completion → event id
 	posts     int                     // every POST
 	refused   int                     // answered with status
@@ -54,7 +56,7 @@ type Receiver struct {
 // NewReceiver starts a Receiver for t.
 func NewReceiver(t testing.TB, opts ReceiverOptions) *Receiver {
 	r := &Receiver{opts: opts, events: map[string]events.Event{}, first: map[string]time.Time{},
-		times: map[string]int{}, byPair: map[string]string{}}
+		times: map[string]int{}, arrived: map[string]int{}, byPair: map[string]string{}}
 	srv := httptest.NewServer(r)
 	t.Cleanup(srv.Close)
 	r.URL = srv.URL
@@ -70,11 +72,23 @@ func (r *Receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	if err == nil {
 		err = json.Unmarshal(body, &ev)
 	}
+	noted := err == nil && ev.EventID != ""
+	if noted {
+		// noted before the delay: a POST being answered is in flight, and
+		// its worker killed now leaves it delivered but not acknowledged
+		r.mu.Lock()
+		r.arrived[ev.EventID]++
+		r.answering++
+		r.mu.Unlock()
+	}
 	// a slow engine: the event counts as received even if the worker is
 	// gone by the time it answers, as with a real receiver
 	time.Sleep(r.opts.Delay)
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if noted {
+		r.answering--
+	}
 	r.posts++
 	if r.opts.HMACKey != nil {
 		mac := hmac.New(sha256.New, r.opts.HMACKey)
@@ -151,6 +165,26 @@ func (r *Receiver) Times(eventID string) int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.times[eventID]
+}
+
+// Arrived is every event whose POST the receiver has read, answered or
+// still being answered, with how many such POSTs: what a worker killed now
+// has delivered, whether or not it saw the answer.
+func (r *Receiver) Arrived() map[string]int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make(map[string]int, len(r.arrived))
+	for k, v := range r.arrived {
+		out[k] = v
+	}
+	return out
+}
+
+// Answering is how many POSTs the receiver has read and not answered yet.
+func (r *Receiver) Answering() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.answering
 }
 
 // Redelivered is every event accepted more than once, with how often.
