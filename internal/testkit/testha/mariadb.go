@@ -23,6 +23,9 @@ type MariaDBConfig struct {
 	// machine's disk: a SIGKILL of the process loses nothing at 2 (the log
 	// is in the page cache), only a crash of the host.
 	Durable bool
+	// LogBin writes a binary log, synced at every commit (sync_binlog=1),
+	// as a server that replicas follow must; a test's runs without one.
+	LogBin bool
 	// Args are more mariadbd options, after the others.
 	Args []string
 }
@@ -103,8 +106,13 @@ func newMariaDB(dir string, port int, cfg MariaDBConfig) (*SQLServer, error) {
 		"--port="+strconv.Itoa(s.Port), "--bind-address=127.0.0.1", "--skip-name-resolve",
 		"--socket="+filepath.Join(dir, "sock"), "--pid-file="+filepath.Join(dir, "pid"),
 		"--log-error="+s.errorLog, "--tmpdir="+dir,
-		"--skip-log-bin", "--max-connections="+strconv.Itoa(cfg.MaxConnections),
+		"--max-connections="+strconv.Itoa(cfg.MaxConnections),
 		"--innodb-buffer-pool-size="+cfg.BufferPool)
+	if cfg.LogBin {
+		args = append(args, "--log-bin="+filepath.Join(dir, "binlog"), "--sync-binlog=1")
+	} else {
+		args = append(args, "--skip-log-bin")
+	}
 	if !cfg.Durable {
 		args = append(args, "--innodb-flush-log-at-trx-commit=2")
 	}
