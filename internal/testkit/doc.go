@@ -1,7 +1,7 @@
 // Package testkit is what stepcollect's tests build on, so that each test
 // package writes none of it again: a migrated database of the test's own,
 // opened the way the service opens it (db.go), and the storage on it, with
-// a collector stub that loses every hand-off (storage.go); a private
+// a release sink that loses every hand-off (storage.go); a private
 // redis-server (redis.go); the binaries built and run as processes
 // (proc.go), and an api and a worker started together against a DSN and a
 // Redis URL (stack.go); steps (steps.go), result plists and NanoMDM's
