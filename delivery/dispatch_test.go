@@ -137,7 +137,7 @@ func (lateRenewals) RenewLeases(context.Context, []int64, time.Duration) error {
 // claimed again by another loop of the same worker, which does not POST it
 // a second time: one worker never delivers one event twice at once.
 func TestAWorkerNeverPostsAnEventItIsStillDelivering(t *testing.T) {
-	db, store := outboxStore(t)
+	db, store := testkit.NewStorage(t, stepmysql.WithOutbox())
 	rcv := testkit.NewReceiver(t, testkit.ReceiverOptions{CompletionsOnly: true})
 	completions(t, store, "own", 1)
 	const lease = 300 * time.Millisecond
