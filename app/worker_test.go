@@ -31,7 +31,6 @@ type workerBundle struct {
 
 func setupWorker(t *testing.T) *workerBundle {
 	t.Helper()
-	db := testkit.NewDB(t, nil)
 	rs := testkit.StartRedis(t)
 	redisOpt, err := asynq.ParseRedisURI(rs.URL)
 	if err != nil {
@@ -39,10 +38,7 @@ func setupWorker(t *testing.T) *workerBundle {
 	}
 	enq := tasks.NewEnqueuer(redisOpt, tasks.WithCooldown(100*time.Millisecond))
 	t.Cleanup(func() { enq.Close() })
-	results, err := stepmysql.New(stepmysql.WithDB(db.DB), stepmysql.WithReleaseSink(enq))
-	if err != nil {
-		t.Fatal(err)
-	}
+	db, results := testkit.NewStorage(t, stepmysql.WithReleaseSink(enq))
 	return &workerBundle{db: db, redis: rs, results: results, enq: enq}
 }
 
@@ -181,10 +177,7 @@ func TestTwoReplicasDeleteEachStepOnceAndSweepOncePerInterval(t *testing.T) {
 	const interval = time.Second
 
 	// 100 steps whose hand-off was lost, for the sweepers to find
-	lost, err := stepmysql.New(stepmysql.WithDB(b.db.DB), stepmysql.WithReleaseSink(testkit.DropReleases{}))
-	if err != nil {
-		t.Fatal(err)
-	}
+	lost := testkit.OpenStorage(t, b.db.DB, stepmysql.WithReleaseSink(testkit.DropReleases{}))
 	for i := range 100 {
 		st := testkit.FanOut(fmt.Sprintf("lost%03d", i), 2, 1)
 		if err := lost.StoreStep(t.Context(), st, time.Now()); err != nil {

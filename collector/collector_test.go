@@ -27,12 +27,8 @@ type bundle struct {
 
 func setup(t *testing.T) *bundle {
 	t.Helper()
-	db := testkit.NewDB(t, nil)
 	m := metrics.NewStorage(prometheus.NewRegistry())
-	s, err := stepmysql.New(stepmysql.WithDB(db.DB), stepmysql.WithReleaseSink(testkit.DropReleases{}), stepmysql.WithObserver(m))
-	if err != nil {
-		t.Fatal(err)
-	}
+	db, s := testkit.NewStorage(t, stepmysql.WithReleaseSink(testkit.DropReleases{}), stepmysql.WithObserver(m))
 	return &bundle{db: db, store: s, m: m}
 }
 

@@ -32,15 +32,6 @@ func completions(t *testing.T, store *stepmysql.Storage, prefix string, n int) {
 	testkit.Complete(t, store, step, step.IDs...)
 }
 
-func outboxStore(t *testing.T) (*testkit.DB, *stepmysql.Storage) {
-	db := testkit.NewDB(t, nil)
-	s, err := stepmysql.New(stepmysql.WithDB(db.DB), stepmysql.WithOutbox())
-	if err != nil {
-		t.Fatal(err)
-	}
-	return db, s
-}
-
 // awaitDelivered waits until rcv has n distinct events.
 func awaitDelivered(t *testing.T, rcv *testkit.Receiver, n int, what string) {
 	t.Helper()
@@ -71,7 +62,7 @@ func runDispatcher(t *testing.T, cfg delivery.DispatchConfig, url string, store 
 // Three dispatchers (three workers) on one outbox: every event arrives,
 // none twice, and the outbox is empty afterwards.
 func TestDispatchersDeliverEveryEventOnceBetweenThem(t *testing.T) {
-	db, store := outboxStore(t)
+	db, store := testkit.NewStorage(t, stepmysql.WithOutbox())
 	rcv := testkit.NewReceiver(t, testkit.ReceiverOptions{CompletionsOnly: true})
 	completions(t, store, "disp", 600)
 	for range 3 {
@@ -88,7 +79,7 @@ func TestDispatchersDeliverEveryEventOnceBetweenThem(t *testing.T) {
 // A worker that claimed events and died never acknowledges them: another
 // worker delivers them once the lease lapses, under the same event ids.
 func TestEventsADeadWorkerHeldAreDeliveredWhenItsLeaseLapses(t *testing.T) {
-	db, store := outboxStore(t)
+	db, store := testkit.NewStorage(t, stepmysql.WithOutbox())
 	rcv := testkit.NewReceiver(t, testkit.ReceiverOptions{CompletionsOnly: true})
 	completions(t, store, "dead", 20)
 	// the dead worker: claims everything with a 1 s lease, then nothing
@@ -114,7 +105,7 @@ func TestEventsADeadWorkerHeldAreDeliveredWhenItsLeaseLapses(t *testing.T) {
 // A receiver that fails keeps the events (backing off, at most MaxBackoff
 // apart); once it answers again they are delivered within seconds.
 func TestAReceiverThatComesBackIsServedWithinTheBackoffCap(t *testing.T) {
-	db, store := outboxStore(t)
+	db, store := testkit.NewStorage(t, stepmysql.WithOutbox())
 	rcv := testkit.NewReceiver(t, testkit.ReceiverOptions{CompletionsOnly: true})
 	rcv.Refuse(http.StatusServiceUnavailable)
 	completions(t, store, "down", 10)
@@ -146,7 +137,7 @@ func (lateRenewals) RenewLeases(context.Context, []int64, time.Duration) error {
 // claimed again by another loop of the same worker, which does not POST it
 // a second time: one worker never delivers one event twice at once.
 func TestAWorkerNeverPostsAnEventItIsStillDelivering(t *testing.T) {
-	db, store := outboxStore(t)
+	db, store := testkit.NewStorage(t, stepmysql.WithOutbox())
 	rcv := testkit.NewReceiver(t, testkit.ReceiverOptions{CompletionsOnly: true})
 	completions(t, store, "own", 1)
 	const lease = 300 * time.Millisecond
@@ -171,7 +162,7 @@ func TestAWorkerNeverPostsAnEventItIsStillDelivering(t *testing.T) {
 // POST of its batch returns: with a second worker polling, a receiver that
 // answers one event after more than a lease never sees the fast one twice.
 func TestAnAcknowledgedEventIsNotDeliveredAgainWhileItsBatchIsSlow(t *testing.T) {
-	db, store := outboxStore(t)
+	db, store := testkit.NewStorage(t, stepmysql.WithOutbox())
 	rcv := testkit.NewReceiver(t, testkit.ReceiverOptions{CompletionsOnly: true})
 	completions(t, store, "lap", 2)
 	slow := testkit.EnrollmentID("lap", 1)

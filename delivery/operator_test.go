@@ -51,7 +51,7 @@ func heldEvents(t *testing.T, store *stepmysql.Storage) []storage.OutboxEntry {
 // and then not tried again, while the events beside it are delivered;
 // released once the receiver accepts it, it is delivered once.
 func TestAPoisonEventIsHeldAfterItsAttemptsAndDeliveredOnceReleased(t *testing.T) {
-	db, store := outboxStore(t)
+	db, store := testkit.NewStorage(t, stepmysql.WithOutbox())
 	rcv := testkit.NewReceiver(t, testkit.ReceiverOptions{CompletionsOnly: true})
 	completions(t, store, "poison", 10)
 	var refusing atomic.Bool
@@ -89,7 +89,7 @@ func TestAPoisonEventIsHeldAfterItsAttemptsAndDeliveredOnceReleased(t *testing.T
 // An event older than MaxAge is held at its first failure, its attempts
 // unused.
 func TestAnEventOlderThanMaxAgeIsHeldAtItsNextFailure(t *testing.T) {
-	_, store := outboxStore(t)
+	_, store := testkit.NewStorage(t, stepmysql.WithOutbox())
 	rcv := testkit.NewReceiver(t, testkit.ReceiverOptions{CompletionsOnly: true})
 	rcv.Refuse(http.StatusServiceUnavailable)
 	completions(t, store, "old", 1)
@@ -107,7 +107,7 @@ func TestAnEventOlderThanMaxAgeIsHeldAtItsNextFailure(t *testing.T) {
 // delivered over a window of many polls, and a resume delivers them all,
 // each once.
 func TestAPauseStopsEveryDispatcherAndAResumeDeliversEverything(t *testing.T) {
-	db, store := outboxStore(t)
+	db, store := testkit.NewStorage(t, stepmysql.WithOutbox())
 	rcv := testkit.NewReceiver(t, testkit.ReceiverOptions{CompletionsOnly: true})
 	for range 2 {
 		runDispatcher(t, delivery.DispatchConfig{Batch: 8}, rcv.URL, store)

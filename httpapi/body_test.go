@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	nanostorage "github.com/micromdm/nanocmd/engine/storage"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/rs/zerolog"
 
@@ -230,19 +231,75 @@ func TestWholeBodiesWaitForTheirDecodingShareAndLeaveWhenTheirClientGoes(t *test
 	b.awaitInflight(t, 0)
 }
 
-// -dump-webhook: every webhook body, as received, one per line, refused
-// ones too (that is when an operator needs to see them).
-func TestDumpWebhookWritesEveryBodyOnALine(t *testing.T) {
-	var out syncBuffer
-	b := newBudgetServer(t, httpapi.Config{DumpWebhook: &out, WebhookHMACKey: hmacKey})
-	signed, unsigned := ignoredWebhook(10), ignoredWebhook(20)
-	if status, _ := b.post(signed, hmacKey); status != 200 {
-		t.Fatalf("signed: %d", status)
+// blockingStore holds StoreStepID until release is closed.
+type blockingStore struct {
+	httpapi.Store
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (s blockingStore) StoreStepID(context.Context, *nanostorage.StepEnqueuingWithConfig, time.Time) (int64, error) {
+	close(s.entered)
+	<-s.release
+	return 1, nil
+}
+
+// A request that waited for the budget longer than the server's read and
+// write timeouts still has its body read and its answer written: waiting
+// costs no result.
+func TestBodyBudgetWaitDoesNotCostARequestItsTimeouts(t *testing.T) {
+	store := blockingStore{entered: make(chan struct{}), release: make(chan struct{})}
+	const timeout = 500 * time.Millisecond
+	h := httpapi.New(httpapi.Config{Store: store, APIKey: apiKey, Logger: zerolog.New(zerolog.NewTestWriter(t)),
+		MaxBody: 64 << 10, MaxInflightBodyBytes: 64 << 10, BodyTimeout: 10 * time.Second})
+	srv := httptest.NewUnstartedServer(h)
+	srv.Config.ReadTimeout, srv.Config.WriteTimeout = timeout, timeout
+	srv.Start()
+	defer srv.Close()
+
+	// The first holds the whole budget in its handler (the store).
+	first := make(chan int, 1)
+	go func() {
+		req, _ := http.NewRequest("POST", srv.URL+"/v1/steps", strings.NewReader(string(testkit.V1StepJSON(1, 1))+strings.Repeat(" ", 20<<10)))
+		req.Header.Set("Authorization", "Bearer "+apiKey)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			first <- -1
+			return
+		}
+		resp.Body.Close()
+		first <- resp.StatusCode
+	}()
+	<-store.entered
+
+	// The second, larger than what the server reads with its headers,
+	// waits past both timeouts.
+	second := make(chan string, 1)
+	go func() {
+		resp, err := http.Post(srv.URL+"/webhook", "application/json", strings.NewReader(`{"topic":"mdm.TokenUpdate","pad":"`+strings.Repeat("x", 32<<10)+`"}`))
+		if err != nil {
+			second <- err.Error()
+			return
+		}
+		raw, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		second <- fmt.Sprintf("%d %s", resp.StatusCode, raw)
+	}()
+	select {
+	case got := <-second:
+		t.Fatalf("the second request was answered (%s) while the first held the budget", got)
+	case <-time.After(3 * timeout):
 	}
-	if status, _ := b.post(unsigned, nil); status != 401 {
-		t.Fatalf("unsigned: %d", status)
-	}
-	if got, want := out.String(), signed+"\n"+unsigned+"\n"; got != want {
-		t.Errorf("dumped %q, want %q", got, want)
+	// The first, stalled in the store past the write timeout without
+	// having waited for anything, is cut off as any such request is.
+	close(store.release)
+	<-first
+	select {
+	case got := <-second:
+		if got != "200 " {
+			t.Errorf("second, after waiting past the timeouts: %q, want 200", got)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the second request was not answered once the budget was free")
 	}
 }

@@ -238,66 +238,6 @@ func TestVersionAnswersWithoutKey(t *testing.T) {
 	}
 }
 
-// A step posted without a timeout gets -default-step-timeout's, from now
-// or from its not_until; one with a timeout keeps it; 0 gives none.
-func TestDefaultStepTimeoutAppliesWhenTheBodyHasNone(t *testing.T) {
-	b := setup(t, nil)
-	c := serve(t, b, func(cfg *httpapi.Config) { cfg.DefaultStepTimeout = 72 * time.Hour })
-	notUntil := time.Now().Add(24 * time.Hour).UTC().Truncate(time.Second)
-	post := func(c *testkit.Client, uuid string, extra map[string]any) int64 {
-		body := map[string]any{"workflow_name": "wf.t", "instance_id": "i", "ids": []string{"E1"},
-			"commands": []map[string]string{{"command_uuid": uuid, "request_type": "DeviceInformation", "command": "PHBsaXN0Lz4="}}}
-		for k, v := range extra {
-			body[k] = v
-		}
-		return c.MustEnqueue(t, body)
-	}
-	timeout := func(id int64) (time.Time, bool) {
-		var tm *time.Time
-		if err := b.db.QueryRow(`SELECT timeout FROM steps WHERE id = ?`, id).Scan(&tm); err != nil {
-			t.Fatal(err)
-		}
-		if tm == nil {
-			return time.Time{}, false
-		}
-		return *tm, true
-	}
-	before := time.Now()
-	got, ok := timeout(post(c, "U-1", nil))
-	if !ok || got.Before(before.Add(72*time.Hour-2*time.Second)) || got.After(time.Now().Add(72*time.Hour+time.Second)) {
-		t.Errorf("no timeout given: %v %v, want now+72h", got, ok)
-	}
-	if got, ok := timeout(post(c, "U-2", map[string]any{"not_until": notUntil.Format(time.RFC3339)})); !ok || !got.Equal(notUntil.Add(72*time.Hour)) {
-		t.Errorf("not_until %v: timeout %v, want not_until+72h", notUntil, got)
-	}
-	own := time.Now().Add(time.Hour).UTC().Truncate(time.Second)
-	if got, _ := timeout(post(c, "U-3", map[string]any{"timeout": own.Format(time.RFC3339)})); !got.Equal(own) {
-		t.Errorf("own timeout %v became %v", own, got)
-	}
-	if _, ok := timeout(post(b.client, "U-4", nil)); ok {
-		t.Errorf("default 0: a timeout was set")
-	}
-}
-
-// A result for a command no step holds is answered 200, counted, and
-// logged at WARN with the enrollment and the command.
-func TestUnknownCommandResultIsCountedAndWarned(t *testing.T) {
-	b := setup(t, nil)
-	var logs syncBuffer
-	c := serve(t, b, func(cfg *httpapi.Config) { cfg.Logger = zerolog.New(&logs).Level(zerolog.WarnLevel) })
-	status, _, err := c.Webhook(testkit.Acknowledged("E-LOST", "U-LOST"))
-	if err != nil || status != http.StatusOK {
-		t.Fatalf("webhook: %d %v, want 200", status, err)
-	}
-	if got := testutil.ToFloat64(b.m.API.UnknownCommandResults); got != 1 {
-		t.Errorf("stepcollect_unknown_command_results_total = %v, want 1", got)
-	}
-	line := logs.String()
-	if !strings.Contains(line, `"level":"warn"`) || !strings.Contains(line, "E-LOST") || !strings.Contains(line, "U-LOST") {
-		t.Errorf("log %q, want a warn line naming E-LOST and U-LOST", line)
-	}
-}
-
 type syncBuffer struct {
 	mu sync.Mutex
 	b  bytes.Buffer

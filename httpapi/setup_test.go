@@ -54,14 +54,11 @@ func setup(t *testing.T, o *setupOpts) *bundle {
 		storeDB = db.DB
 	}
 	m := metrics.New(nil, nil)
-	opts := []stepmysql.Option{stepmysql.WithDB(storeDB), stepmysql.WithOutbox(), stepmysql.WithObserver(m.Storage)}
+	opts := []stepmysql.Option{stepmysql.WithOutbox(), stepmysql.WithObserver(m.Storage)}
 	if o.sink != nil {
 		opts = append(opts, stepmysql.WithReleaseSink(o.sink))
 	}
-	store, err := stepmysql.New(opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
+	store := testkit.OpenStorage(t, storeDB, opts...)
 	key := apiKey
 	if o.apiKey != nil {
 		key = *o.apiKey

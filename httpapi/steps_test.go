@@ -1,9 +1,7 @@
 package httpapi_test
 
 import (
-	"context"
 	"encoding/json"
-	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -11,12 +9,10 @@ import (
 	"testing"
 	"time"
 
-	nanostorage "github.com/micromdm/nanocmd/engine/storage"
 	"github.com/rs/zerolog"
 
 	"github.com/stepcollect/stepcollect/httpapi"
 	"github.com/stepcollect/stepcollect/internal/testkit"
-	"github.com/stepcollect/stepcollect/storage"
 )
 
 func TestV1RequiresTheAPIKey(t *testing.T) {
@@ -151,41 +147,6 @@ func TestV1StepWithNotUntilAndTimeoutIsStored(t *testing.T) {
 	}
 }
 
-// panicStore panics where the API expects a step id.
-type panicStore struct{ httpapi.Store }
-
-func (panicStore) StoreStepID(context.Context, *nanostorage.StepEnqueuingWithConfig, time.Time) (int64, error) {
-	panic("boom")
-}
-
-func (panicStore) StepStatus(context.Context, int64) (*storage.StepStatus, error) { return nil, nil }
-
-func TestAPanicIsA500WithTheRequestIDLogged(t *testing.T) {
-	var logs strings.Builder
-	h := httpapi.New(httpapi.Config{Store: panicStore{}, APIKey: apiKey, Logger: zerolog.New(&logs)})
-	srv := httptest.NewServer(h)
-	defer srv.Close()
-	req, _ := http.NewRequest("POST", srv.URL+"/v1/steps", strings.NewReader(`{"workflow_name":"w","instance_id":"i","ids":["A"],"commands":[{"command_uuid":"U","request_type":"R"}]}`))
-	req.Header.Set("Authorization", "Bearer "+apiKey)
-	req.Header.Set(httpapi.RequestIDHeader, "req-123")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var eb struct {
-		Error     string `json:"error"`
-		RequestID string `json:"request_id"`
-	}
-	json.NewDecoder(resp.Body).Decode(&eb)
-	resp.Body.Close()
-	if resp.StatusCode != 500 || eb.RequestID != "req-123" || resp.Header.Get(httpapi.RequestIDHeader) != "req-123" {
-		t.Errorf("%d %+v, want 500 carrying request id req-123", resp.StatusCode, eb)
-	}
-	if !strings.Contains(logs.String(), `"request_id":"req-123"`) || !strings.Contains(logs.String(), `"panic":"boom"`) {
-		t.Errorf("panic not logged with its request id:\n%s", logs.String())
-	}
-}
-
 func itoa(n int64) string { b, _ := json.Marshal(n); return string(b) }
 
 // The issue's step (40,000 ids x 2,000 commands) is refused at the default
@@ -259,75 +220,43 @@ func TestV1StepsLimitsNameTheFieldTheCountTheLimitAndTheFlag(t *testing.T) {
 	}
 }
 
-// blockingStore holds StoreStepID until release is closed.
-type blockingStore struct {
-	httpapi.Store
-	entered chan struct{}
-	release chan struct{}
-}
-
-func (s blockingStore) StoreStepID(context.Context, *nanostorage.StepEnqueuingWithConfig, time.Time) (int64, error) {
-	close(s.entered)
-	<-s.release
-	return 1, nil
-}
-
-// A request that waited for the budget longer than the server's read and
-// write timeouts still has its body read and its answer written: waiting
-// costs no result.
-func TestBodyBudgetWaitDoesNotCostARequestItsTimeouts(t *testing.T) {
-	store := blockingStore{entered: make(chan struct{}), release: make(chan struct{})}
-	const timeout = 500 * time.Millisecond
-	h := httpapi.New(httpapi.Config{Store: store, APIKey: apiKey, Logger: zerolog.New(zerolog.NewTestWriter(t)),
-		MaxBody: 64 << 10, MaxInflightBodyBytes: 64 << 10, BodyTimeout: 10 * time.Second})
-	srv := httptest.NewUnstartedServer(h)
-	srv.Config.ReadTimeout, srv.Config.WriteTimeout = timeout, timeout
-	srv.Start()
-	defer srv.Close()
-
-	// The first holds the whole budget in its handler (the store).
-	first := make(chan int, 1)
-	go func() {
-		req, _ := http.NewRequest("POST", srv.URL+"/v1/steps", strings.NewReader(string(testkit.V1StepJSON(1, 1))+strings.Repeat(" ", 20<<10)))
-		req.Header.Set("Authorization", "Bearer "+apiKey)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			first <- -1
-			return
+// A step posted without a timeout gets -default-step-timeout's, from now
+// or from its not_until; one with a timeout keeps it; 0 gives none.
+func TestDefaultStepTimeoutAppliesWhenTheBodyHasNone(t *testing.T) {
+	b := setup(t, nil)
+	c := serve(t, b, func(cfg *httpapi.Config) { cfg.DefaultStepTimeout = 72 * time.Hour })
+	notUntil := time.Now().Add(24 * time.Hour).UTC().Truncate(time.Second)
+	post := func(c *testkit.Client, uuid string, extra map[string]any) int64 {
+		body := map[string]any{"workflow_name": "wf.t", "instance_id": "i", "ids": []string{"E1"},
+			"commands": []map[string]string{{"command_uuid": uuid, "request_type": "DeviceInformation", "command": "PHBsaXN0Lz4="}}}
+		for k, v := range extra {
+			body[k] = v
 		}
-		resp.Body.Close()
-		first <- resp.StatusCode
-	}()
-	<-store.entered
-
-	// The second, larger than what the server reads with its headers,
-	// waits past both timeouts.
-	second := make(chan string, 1)
-	go func() {
-		resp, err := http.Post(srv.URL+"/webhook", "application/json", strings.NewReader(`{"topic":"mdm.TokenUpdate","pad":"`+strings.Repeat("x", 32<<10)+`"}`))
-		if err != nil {
-			second <- err.Error()
-			return
-		}
-		raw, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		second <- fmt.Sprintf("%d %s", resp.StatusCode, raw)
-	}()
-	select {
-	case got := <-second:
-		t.Fatalf("the second request was answered (%s) while the first held the budget", got)
-	case <-time.After(3 * timeout):
+		return c.MustEnqueue(t, body)
 	}
-	// The first, stalled in the store past the write timeout without
-	// having waited for anything, is cut off as any such request is.
-	close(store.release)
-	<-first
-	select {
-	case got := <-second:
-		if got != "200 " {
-			t.Errorf("second, after waiting past the timeouts: %q, want 200", got)
+	timeout := func(id int64) (time.Time, bool) {
+		var tm *time.Time
+		if err := b.db.QueryRow(`SELECT timeout FROM steps WHERE id = ?`, id).Scan(&tm); err != nil {
+			t.Fatal(err)
 		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the second request was not answered once the budget was free")
+		if tm == nil {
+			return time.Time{}, false
+		}
+		return *tm, true
+	}
+	before := time.Now()
+	got, ok := timeout(post(c, "U-1", nil))
+	if !ok || got.Before(before.Add(72*time.Hour-2*time.Second)) || got.After(time.Now().Add(72*time.Hour+time.Second)) {
+		t.Errorf("no timeout given: %v %v, want now+72h", got, ok)
+	}
+	if got, ok := timeout(post(c, "U-2", map[string]any{"not_until": notUntil.Format(time.RFC3339)})); !ok || !got.Equal(notUntil.Add(72*time.Hour)) {
+		t.Errorf("not_until %v: timeout %v, want not_until+72h", notUntil, got)
+	}
+	own := time.Now().Add(time.Hour).UTC().Truncate(time.Second)
+	if got, _ := timeout(post(c, "U-3", map[string]any{"timeout": own.Format(time.RFC3339)})); !got.Equal(own) {
+		t.Errorf("own timeout %v became %v", own, got)
+	}
+	if _, ok := timeout(post(b.client, "U-4", nil)); ok {
+		t.Errorf("default 0: a timeout was set")
 	}
 }

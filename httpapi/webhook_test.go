@@ -13,8 +13,10 @@ import (
 	"github.com/go-sql-driver/mysql"
 	"github.com/micromdm/nanomdm/mdm"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/rs/zerolog"
 
 	"github.com/stepcollect/stepcollect/events"
+	"github.com/stepcollect/stepcollect/httpapi"
 	"github.com/stepcollect/stepcollect/internal/testkit"
 	"github.com/stepcollect/stepcollect/internal/testkit/tcpproxy"
 	stepmysql "github.com/stepcollect/stepcollect/storage/mysql"
@@ -268,5 +270,41 @@ func TestWebhookAnswers503WhenMySQLIsUnreachableAndNothingIsHalfWritten(t *testi
 	}
 	if got := testutil.ToFloat64(b.m.API.Results.WithLabelValues("error")); got < 1 {
 		t.Errorf("the 503 was not counted")
+	}
+}
+
+// -dump-webhook: every webhook body, as received, one per line, refused
+// ones too (that is when an operator needs to see them).
+func TestDumpWebhookWritesEveryBodyOnALine(t *testing.T) {
+	var out syncBuffer
+	b := newBudgetServer(t, httpapi.Config{DumpWebhook: &out, WebhookHMACKey: hmacKey})
+	signed, unsigned := ignoredWebhook(10), ignoredWebhook(20)
+	if status, _ := b.post(signed, hmacKey); status != 200 {
+		t.Fatalf("signed: %d", status)
+	}
+	if status, _ := b.post(unsigned, nil); status != 401 {
+		t.Fatalf("unsigned: %d", status)
+	}
+	if got, want := out.String(), signed+"\n"+unsigned+"\n"; got != want {
+		t.Errorf("dumped %q, want %q", got, want)
+	}
+}
+
+// A result for a command no step holds is answered 200, counted, and
+// logged at WARN with the enrollment and the command.
+func TestUnknownCommandResultIsCountedAndWarned(t *testing.T) {
+	b := setup(t, nil)
+	var logs syncBuffer
+	c := serve(t, b, func(cfg *httpapi.Config) { cfg.Logger = zerolog.New(&logs).Level(zerolog.WarnLevel) })
+	status, _, err := c.Webhook(testkit.Acknowledged("E-LOST", "U-LOST"))
+	if err != nil || status != http.StatusOK {
+		t.Fatalf("webhook: %d %v, want 200", status, err)
+	}
+	if got := testutil.ToFloat64(b.m.API.UnknownCommandResults); got != 1 {
+		t.Errorf("stepcollect_unknown_command_results_total = %v, want 1", got)
+	}
+	line := logs.String()
+	if !strings.Contains(line, `"level":"warn"`) || !strings.Contains(line, "E-LOST") || !strings.Contains(line, "U-LOST") {
+		t.Errorf("log %q, want a warn line naming E-LOST and U-LOST", line)
 	}
 }

@@ -74,11 +74,7 @@ type repushBundle struct {
 
 func setupRePush(t *testing.T, status int) *repushBundle {
 	t.Helper()
-	db := testkit.NewDB(t, nil)
-	store, err := stepmysql.New(stepmysql.WithDB(db.DB), stepmysql.WithOutbox())
-	if err != nil {
-		t.Fatal(err)
-	}
+	db, store := testkit.NewStorage(t, stepmysql.WithOutbox())
 	api := newPushAPI(t, status)
 	m := metrics.NewRePush(prometheus.NewRegistry())
 	logger := zerolog.New(zerolog.NewTestWriter(t))

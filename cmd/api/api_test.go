@@ -57,27 +57,6 @@ func TestAPIStaysReadyWhileRedisIsDownAndSaysSo(t *testing.T) {
 	}
 }
 
-func TestAPIRejectsABadFlagInOneLineNamingIt(t *testing.T) {
-	testkit.CheckRefuses(t, apiBin, []testkit.BadFlag{
-		{Args: []string{"-listen", "nowhere"}, Want: "-listen: "},
-		{Args: []string{"-mysql-dsn", "nonsense"}, Want: "-mysql-dsn: "},
-		{Args: []string{"-redis-url", "ftp://x"}, Want: "-redis-url: "},
-		{Env: "STEPCOLLECT_MIGRATE=maybe", Want: "-migrate: STEPCOLLECT_MIGRATE=\"maybe\""},
-		{Args: []string{"-log-format", "xml"}, Want: "-log-format: "},
-		{Args: []string{"-max-body-bytes", "10"}, Want: "-max-body-bytes: "},
-	})
-}
-
-// A refused URL or DSN names its flag without its password.
-func TestAPIShowsNoPasswordInARefusal(t *testing.T) {
-	hide := []string{"S3cretPw"}
-	testkit.CheckRefuses(t, apiBin, []testkit.BadFlag{
-		{Args: []string{"-redis-url", "redis://:S3cretPw@127.0.0.1:63x79/0"}, Want: "-redis-url: ", Hide: hide},
-		{Env: "STEPCOLLECT_REDIS_URL=redis-sentinel://:S3cretPw@127.0.0.1:26379", Want: "-redis-url: ", Hide: hide},
-		{Args: []string{"-mysql-dsn", "stepcollect:S3cretPw@tcp(db:3306)/stepcollect?parseTime=maybe"}, Want: "-mysql-dsn: ", Hide: hide},
-	})
-}
-
 // Pointed at a database that does not exist yet, with -migrate on, the api
 // creates it, migrates it and serves.
 func TestAPICreatesTheDatabaseWhenItIsMissing(t *testing.T) {

@@ -51,16 +51,12 @@ func countSteps(t *testing.T, db *sql.DB) int {
 // and its recoverer runs, a minute or two later. The restarted worker's
 // sweeper collects their steps long before that.
 func TestWorkerKilledMidBatchAndRestartedCollectsEverything(t *testing.T) {
-	db := testkit.NewDB(t, nil)
 	ctx := t.Context()
 	rs := testkit.StartRedis(t)
 	redisOpt, _ := asynq.ParseRedisURI(rs.URL)
 	enq := tasks.NewEnqueuer(redisOpt)
 	defer enq.Close()
-	results, err := stepmysql.New(stepmysql.WithDB(db.DB), stepmysql.WithReleaseSink(enq))
-	if err != nil {
-		t.Fatal(err)
-	}
+	db, results := testkit.NewStorage(t, stepmysql.WithReleaseSink(enq))
 
 	const steps = 1500
 	each := testkit.StepEach("KILL", steps)

@@ -62,12 +62,21 @@ func moduleRoot() (string, error) {
 // FreePort returns a 127.0.0.1 port free right now.
 func FreePort(t testing.TB) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := PickPort()
 	if err != nil {
 		t.Fatalf("finding a free port: %v", err)
 	}
+	return port
+}
+
+// PickPort is FreePort outside a test (the bench's).
+func PickPort() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
 	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	return ln.Addr().(*net.TCPAddr).Port, nil
 }
 
 // FreeAddr returns a 127.0.0.1 address with a port free right now.

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -51,17 +52,39 @@ type Receiver struct {
 	refused   int                     // answered with status
 	badSigned int
 	wrong     []string
+	last      time.Time // the latest first arrival of a distinct event
+
+	// Completions (step.completed of one enrollment) apart, for the bench:
+	// the first arrival of each distinct one in the order they were
+	// recorded, the deliveries accepted (duplicates included), and a
+	// channel closed (and cleared) when a new distinct one arrives, for
+	// AwaitCompletions.
+	doneFirst []time.Time
+	donePosts int
+	doneNews  chan struct{}
+
+	srv *httptest.Server
 }
 
-// NewReceiver starts a Receiver for t.
+// NewReceiver starts a Receiver for t, closed when t ends.
 func NewReceiver(t testing.TB, opts ReceiverOptions) *Receiver {
-	r := &Receiver{opts: opts, events: map[string]events.Event{}, first: map[string]time.Time{},
-		times: map[string]int{}, arrived: map[string]int{}, byPair: map[string]string{}}
-	srv := httptest.NewServer(r)
-	t.Cleanup(srv.Close)
-	r.URL = srv.URL
+	r := StartReceiver(opts)
+	t.Cleanup(r.Close)
 	return r
 }
+
+// StartReceiver starts a Receiver outside a test (the bench's); Close
+// stops it.
+func StartReceiver(opts ReceiverOptions) *Receiver {
+	r := &Receiver{opts: opts, events: map[string]events.Event{}, first: map[string]time.Time{},
+		times: map[string]int{}, arrived: map[string]int{}, byPair: map[string]string{}}
+	r.srv = httptest.NewServer(r)
+	r.URL = r.srv.URL
+	return r
+}
+
+// Close stops the receiver's server.
+func (r *Receiver) Close() { r.srv.Close() }
 
 func pairKey(stepID int64, enrollment string) string { return fmt.Sprintf("%d/%s", stepID, enrollment) }
 
@@ -129,6 +152,19 @@ func (r *Receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	if _, ok := r.first[ev.EventID]; !ok {
 		r.first[ev.EventID] = now
 		r.events[ev.EventID] = ev
+		if now.After(r.last) {
+			r.last = now
+		}
+		if completion {
+			r.doneFirst = append(r.doneFirst, now)
+			if r.doneNews != nil {
+				close(r.doneNews)
+				r.doneNews = nil
+			}
+		}
+	}
+	if completion {
+		r.donePosts++
 	}
 	r.times[ev.EventID]++
 	w.WriteHeader(http.StatusNoContent)
@@ -204,13 +240,65 @@ func (r *Receiver) Redelivered() map[string]int {
 func (r *Receiver) Last() time.Time {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	var last time.Time
-	for _, at := range r.first {
+	return r.last
+}
+
+// Completions counts the completions (step.completed of one enrollment)
+// accepted: every delivery, duplicates included; the distinct event ids;
+// and when the latest distinct one first arrived.
+func (r *Receiver) Completions() (posts, distinct int, last time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, at := range r.doneFirst {
 		if at.After(last) {
 			last = at
 		}
 	}
-	return last
+	return r.donePosts, len(r.doneFirst), last
+}
+
+// CompletionArrivals is the first arrival of every distinct completion, in
+// time order.
+func (r *Receiver) CompletionArrivals() []time.Time {
+	r.mu.Lock()
+	out := slices.Clone(r.doneFirst)
+	r.mu.Unlock()
+	slices.SortFunc(out, func(a, b time.Time) int { return a.Compare(b) })
+	return out
+}
+
+// AwaitCompletions waits until n distinct completions have arrived, and
+// reports whether they did: it gives up after stall without a new one
+// (counted from the call, or from the latest arrival if later), or after
+// limit. A stalled delivery thus costs stall, not limit.
+func (r *Receiver) AwaitCompletions(n int, stall, limit time.Duration) bool {
+	start := time.Now()
+	deadline := start.Add(limit)
+	for {
+		r.mu.Lock()
+		got := len(r.doneFirst)
+		last := start
+		if got > 0 && r.doneFirst[got-1].After(last) {
+			last = r.doneFirst[got-1]
+		}
+		if got >= n {
+			r.mu.Unlock()
+			return true
+		}
+		if r.doneNews == nil {
+			r.doneNews = make(chan struct{})
+		}
+		news := r.doneNews
+		r.mu.Unlock()
+		wait := min(time.Until(deadline), time.Until(last.Add(stall)))
+		if wait <= 0 {
+			return false
+		}
+		select {
+		case <-news:
+		case <-time.After(wait):
+		}
+	}
 }
 
 // Has reports whether the completion of step by enrollment was delivered.
@@ -247,16 +335,23 @@ func (r *Receiver) Stats() ReceiverStats {
 	return ReceiverStats{Distinct: len(r.first), Pairs: len(r.byPair), Posts: r.posts, Dups: dups, Refused: r.refused, BadSigned: r.badSigned}
 }
 
+// Violations is everything wrong the receiver saw, and the badly signed
+// deliveries.
+func (r *Receiver) Violations() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := slices.Clone(r.wrong)
+	if r.badSigned != 0 {
+		out = append(out, fmt.Sprintf("%d deliveries failed the signature check", r.badSigned))
+	}
+	return out
+}
+
 // Check fails t for every violation the receiver saw and every badly
 // signed delivery.
 func (r *Receiver) Check(t testing.TB) {
 	t.Helper()
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for _, v := range r.wrong {
+	for _, v := range r.Violations() {
 		t.Errorf("receiver: %s", v)
-	}
-	if r.badSigned != 0 {
-		t.Errorf("receiver: %d deliveries failed the signature check", r.badSigned)
 	}
 }

@@ -7,7 +7,6 @@ import (
 	"testing"
 
 	nanostorage "github.com/micromdm/nanocmd/engine/storage"
-	"github.com/stepcollect/stepcollect/storage"
 )
 
 // EnrollmentID is the i-th enrollment of a step built with prefix.
@@ -112,11 +111,3 @@ func V1StepJSON(n, m int) []byte {
 	b.WriteString(`]}`)
 	return b.Bytes()
 }
-
-// DropReleases loses every hand-off, leaving unreferenced steps behind, as
-// a process killed between a commit and its enqueue would: only a sweep
-// finds them.
-type DropReleases struct{}
-
-// StepsReleased implements storage.ReleaseSink and does nothing.
-func (DropReleases) StepsReleased(context.Context, []storage.ReleasedStep) error { return nil }

@@ -349,39 +349,6 @@ func TestTimeoutSweepRacingCompletionsReportsEachEnrollmentOnce(t *testing.T) {
 	requireRealConcurrency(t, b)
 }
 
-// A step delayed by NotUntil and then sent is an ordinary step: it must
-// still time out (NanoCMD's process_id marker kept it from ever doing so).
-func TestNotUntilStepStillTimesOutAfterItWasSent(t *testing.T) {
-	b := setup(t, nil)
-	ctx := t.Context()
-	step := testkit.FanOut("nu-timeout", 2, 1)
-	step.NotUntil = time.Now().Add(-time.Minute)
-	step.Timeout = time.Now().Add(2 * time.Second)
-	if err := b.store.StoreStep(ctx, step, time.Now()); err != nil {
-		t.Fatal(err)
-	}
-	due, err := b.store.RetrieveStepsToEnqueue(ctx, time.Now())
-	if err != nil || len(due) != 1 || len(due[0].IDs) != 2 || len(due[0].Commands) != 1 {
-		t.Fatalf("due steps: %+v, %v", due, err)
-	}
-	if again, err := b.store.RetrieveStepsToEnqueue(ctx, time.Now()); err != nil || len(again) != 0 {
-		t.Fatalf("sent twice: %+v, %v", again, err)
-	}
-	if _, err := b.db.Exec(`UPDATE steps SET timeout = ?`, time.Now().Add(-time.Second)); err != nil {
-		t.Fatal(err)
-	}
-	timedOut, err := b.store.RetrieveTimedOutSteps(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(timedOut) != 2 {
-		t.Fatalf("timed out: %d results, want one per enrollment (2)", len(timedOut))
-	}
-	if c := countRows(t, b.db.DB); c != (testkit.StepRows{}) {
-		t.Errorf("rows left: %+v", c)
-	}
-}
-
 // failingSink simulates a process that committed its result and then
 // died (or lost Redis) before collecting.
 type failingSink struct {

@@ -243,10 +243,7 @@ func TestTheClaimDoesNotReadHeldEvents(t *testing.T) {
 	}
 	defer one.Close()
 	one.SetMaxOpenConns(1)
-	store, err := mysql.New(mysql.WithDB(one), mysql.WithOutbox())
-	if err != nil {
-		t.Fatal(err)
-	}
+	store := testkit.OpenStorage(t, one, mysql.WithOutbox())
 	reads := func() int64 {
 		rows, err := one.QueryContext(ctx, `SHOW SESSION STATUS LIKE 'Handler_read%'`)
 		if err != nil {

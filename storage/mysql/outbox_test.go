@@ -99,32 +99,6 @@ func TestLostCommitAnswerStillWritesOneEvent(t *testing.T) {
 	}
 }
 
-func TestStepStatusCountsOutstandingEnrollmentsUntilCollected(t *testing.T) {
-	b := setup(t, nil)
-	ctx := t.Context()
-	step := testkit.FanOut("status", 3, 2)
-	id, err := b.store.StoreStepID(ctx, step, time.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
-	st, err := b.store.StepStatus(ctx, id)
-	if err != nil || st.OutstandingIDs != 3 || st.WorkflowName != step.WorkflowName || st.StepName != "step" || st.CreatedAt.IsZero() {
-		t.Fatalf("status %+v, %v", st, err)
-	}
-	for _, c := range step.Commands {
-		b.store.StoreCommandResponseAndRetrieveCompletedStep(ctx, step.IDs[0], testkit.CommandResult(c.CommandUUID))
-	}
-	if st, _ := b.store.StepStatus(ctx, id); st.OutstandingIDs != 2 {
-		t.Errorf("outstanding %d after one enrollment finished, want 2", st.OutstandingIDs)
-	}
-	for _, e := range step.IDs[1:] {
-		b.store.CancelSteps(ctx, e, "")
-	}
-	if _, err := b.store.StepStatus(ctx, id); storage.ErrorCode(err) != storage.ENotFound {
-		t.Errorf("after collection: %v, want not found", err)
-	}
-}
-
 func TestTimeOutStepsWritesOneEventPerEnrollmentAsItStood(t *testing.T) {
 	b := setup(t, &setupOpts{extra: []mysql.Option{mysql.WithOutbox()}})
 	ctx := t.Context()

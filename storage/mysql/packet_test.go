@@ -170,11 +170,7 @@ func (l *logBuffer) String() string {
 // as a storage started before max_allowed_packet was lowered would have.
 func scheduled(t *testing.T, b *bundle) *mysql.Storage {
 	t.Helper()
-	big, err := mysql.New(mysql.WithDB(b.db.DB), mysql.WithOutbox(), mysql.WithMaxPacket(64<<20))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return big
+	return testkit.OpenStorage(t, b.db.DB, mysql.WithOutbox(), mysql.WithMaxPacket(64<<20))
 }
 
 func requireSetAside(t *testing.T, b *bundle, logs *logBuffer, stepID int64, typ string) {

@@ -44,17 +44,13 @@ func setup(t testing.TB, o *setupOpts) *bundle {
 	}
 	obs := newCountingObserver()
 	opts := []mysql.Option{
-		mysql.WithDB(db.DB),
 		mysql.WithObserver(obs),
 		mysql.WithLogger(zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel)),
 	}
 	if o.sink != nil {
 		opts = append(opts, mysql.WithReleaseSink(o.sink))
 	}
-	s, err := mysql.New(append(opts, o.extra...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := testkit.OpenStorage(t, db.DB, append(opts, o.extra...)...)
 	return &bundle{db: db, store: s, obs: obs}
 }
 

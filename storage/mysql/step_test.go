@@ -179,3 +179,54 @@ func TestStoringAgainAfterCollectionMakesANewStep(t *testing.T) {
 		t.Errorf("the collected step %d gained %d references", first, n)
 	}
 }
+
+// Times outside what the TIMESTAMP columns hold are the caller's mistake,
+// named as such (a 400), never a storage failure to retry (a 503).
+func TestStoreStepRefusesUnstorableTimesNamingTheField(t *testing.T) {
+	b := setup(t, nil)
+	ctx := t.Context()
+	for _, tc := range []struct {
+		field string
+		set   func(*time.Time, *time.Time)
+	}{
+		{"timeout", func(_, to *time.Time) { *to = time.Date(2040, 1, 1, 0, 0, 0, 0, time.UTC) }},
+		{"not_until", func(nu, _ *time.Time) { *nu = time.Date(1960, 1, 1, 0, 0, 0, 0, time.UTC) }},
+		{"timeout", func(_, to *time.Time) { *to = time.Date(1969, 12, 31, 0, 0, 0, 0, time.UTC) }},
+	} {
+		step := testkit.FanOut("times", 1, 1)
+		tc.set(&step.NotUntil, &step.Timeout)
+		_, err := b.store.StoreStepID(ctx, step, time.Now())
+		if storage.ErrorCode(err) != storage.EInvalid || !strings.HasPrefix(err.Error(), tc.field+": ") {
+			t.Errorf("%s out of range: %v, want an invalid-input error naming %s", tc.field, err, tc.field)
+		}
+	}
+	if c := countRows(t, b.db.DB); c != (testkit.StepRows{}) {
+		t.Errorf("rows written: %+v", c)
+	}
+}
+
+func TestStepStatusCountsOutstandingEnrollmentsUntilCollected(t *testing.T) {
+	b := setup(t, nil)
+	ctx := t.Context()
+	step := testkit.FanOut("status", 3, 2)
+	id, err := b.store.StoreStepID(ctx, step, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := b.store.StepStatus(ctx, id)
+	if err != nil || st.OutstandingIDs != 3 || st.WorkflowName != step.WorkflowName || st.StepName != "step" || st.CreatedAt.IsZero() {
+		t.Fatalf("status %+v, %v", st, err)
+	}
+	for _, c := range step.Commands {
+		b.store.StoreCommandResponseAndRetrieveCompletedStep(ctx, step.IDs[0], testkit.CommandResult(c.CommandUUID))
+	}
+	if st, _ := b.store.StepStatus(ctx, id); st.OutstandingIDs != 2 {
+		t.Errorf("outstanding %d after one enrollment finished, want 2", st.OutstandingIDs)
+	}
+	for _, e := range step.IDs[1:] {
+		b.store.CancelSteps(ctx, e, "")
+	}
+	if _, err := b.store.StepStatus(ctx, id); storage.ErrorCode(err) != storage.ENotFound {
+		t.Errorf("after collection: %v, want not found", err)
+	}
+}

@@ -174,8 +174,8 @@ func (r *runner) drain(cfg serverConfig, n, workers int) (*drainResult, error) {
 			res.CollectedPerS = (leftAt(from) - 0.1*float64(res.StepRows)) / to.Sub(from).Seconds()
 		}
 	}
-	if e.recv.await(b.completed, 30*time.Second, 5*time.Minute) {
-		arr := e.recv.arrivals()
+	if e.recv.AwaitCompletions(b.completed, 30*time.Second, 5*time.Minute) {
+		arr := e.recv.CompletionArrivals()
 		res.DeliveredMS = fanout.MS(arr[len(arr)-1].Sub(ready))
 		res.DeliveredBeforeReady, _ = slices.BinarySearchFunc(arr, ready, func(a, t time.Time) int { return a.Compare(t) })
 		from, to := arr[len(arr)/10], arr[len(arr)*9/10]
@@ -192,7 +192,7 @@ func (r *runner) drain(cfg serverConfig, n, workers int) (*drainResult, error) {
 			res.DeliveredPerS = float64(in) / to.Sub(from).Seconds()
 		}
 	}
-	res.EventsReceived, res.EventsDistinct, _ = e.recv.counts()
+	res.EventsReceived, res.EventsDistinct, _ = e.recv.Completions()
 	if res.OutboxLeft, res.Stranded, err = e.leftovers(); err != nil {
 		return nil, err
 	}

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/stepcollect/stepcollect/bench/internal/fanout"
+	"github.com/stepcollect/stepcollect/internal/testkit"
 )
 
 // proc is a binary the service measurements run.
@@ -64,6 +65,27 @@ func awaitOK(url string, within time.Duration) error {
 	}
 }
 
+// warmedClient is an HTTP client of at most inflight connections to one
+// host, all opened beforehand (a few at a time) with GETs of warmURL.
+func warmedClient(warmURL string, inflight int) *http.Client {
+	c := &http.Client{Timeout: 2 * time.Minute, Transport: &http.Transport{MaxIdleConnsPerHost: inflight, MaxConnsPerHost: inflight}}
+	for warmed := 0; warmed < inflight; warmed += 8 {
+		var wg sync.WaitGroup
+		for range min(8, inflight-warmed) {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if resp, err := c.Get(warmURL); err == nil {
+					io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+				}
+			}()
+		}
+		wg.Wait()
+	}
+	return c
+}
+
 const benchAPIKey = "bench-api-key"
 
 // svcEnv is one service measurement's world: a fresh database, a private
@@ -76,7 +98,7 @@ type svcEnv struct {
 	drop     func()
 	env      []string // the database and Redis, for every process
 	redis    *proc
-	recv     *receiver
+	recv     *testkit.Receiver
 	api      *proc
 	apiURL   string
 	workers  []*proc
@@ -126,7 +148,10 @@ func (r *runner) startEnvWith(cfg serverConfig, workers, inflight int, opts envO
 	if e.probe, err = e.db.Conn(context.Background()); err != nil {
 		return nil, err
 	}
-	redisPort, _ := freePort()
+	redisPort, err := testkit.PickPort()
+	if err != nil {
+		return nil, err
+	}
 	e.redis, err = startProc("redis-server", nil, "--port", strconv.Itoa(redisPort), "--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no", "--loglevel", "warning")
 	if err != nil {
@@ -134,15 +159,17 @@ func (r *runner) startEnvWith(cfg serverConfig, workers, inflight int, opts envO
 	}
 	e.env = append([]string{"STEPCOLLECT_MYSQL_DSN=" + e.dsn, fmt.Sprintf("STEPCOLLECT_REDIS_URL=redis://127.0.0.1:%d/0", redisPort),
 		"STEPCOLLECT_LOG_LEVEL=warn"}, opts.env...)
-	if e.recv, err = startReceiver(); err != nil {
-		return nil, err
-	}
+	// the workflow engine's side, answering every event at once
+	e.recv = testkit.StartReceiver(testkit.ReceiverOptions{})
 	if workers > 0 {
 		if _, err := e.startWorkers(workers); err != nil {
 			return nil, err
 		}
 	}
-	apiPort, _ := freePort()
+	apiPort, err := testkit.PickPort()
+	if err != nil {
+		return nil, err
+	}
 	apiEnv := append(append([]string(nil), e.env...), "STEPCOLLECT_API_KEY="+benchAPIKey, "STEPCOLLECT_MYSQL_MAX_CONNS="+strconv.Itoa(cfg.Pool))
 	if profile != "" {
 		apiEnv = append(apiEnv, "STEPCOLLECT_CPU_PROFILE="+profile)
@@ -169,7 +196,10 @@ func (r *runner) startEnvWith(cfg serverConfig, workers, inflight int, opts envO
 func (e *svcEnv) startWorkers(k int) (time.Time, error) {
 	var started []*proc
 	for range k {
-		port, _ := freePort()
+		port, err := testkit.PickPort()
+		if err != nil {
+			return time.Time{}, err
+		}
 		env := e.env
 		if e.workerProfile != "" && len(e.workers) == 0 {
 			env = append(append([]string(nil), e.env...), "STEPCOLLECT_CPU_PROFILE="+e.workerProfile)
@@ -203,7 +233,10 @@ func (e *svcEnv) close() {
 	}
 	wg.Wait()
 	if e.recv != nil {
-		e.recv.close()
+		e.recv.Close()
+		if wrong := e.recv.Violations(); len(wrong) > 0 {
+			progress("the receiver saw %d wrong deliveries, the first: %s", len(wrong), wrong[0])
+		}
 	}
 	if e.redis != nil {
 		e.redis.stop()

@@ -8,7 +8,7 @@
 // connections at a time before the clock starts.
 //
 // The service rows run the real api and worker with a callback receiver in
-// the bench process (receiver.go), and time collection and delivery after
+// the bench process (the tests' own, internal/testkit), and time collection and delivery after
 // the last webhook 200. Beside them: a sustained run at the api's full
 // rate, sampled over time (-sustained, sustained.go), and how fast 1 or
 // more worker processes drain a backlog committed while none ran
@@ -21,16 +21,19 @@ import (
 	"bytes"
 	"database/sql"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
+	"syscall"
 	"time"
 
 	"github.com/stepcollect/stepcollect/bench/internal/fanout"
+	"github.com/stepcollect/stepcollect/internal/testkit/testha"
 )
 
 // serverConfig is one server setting, applied per session through the DSN.
@@ -134,6 +137,8 @@ type runner struct {
 	bin       string
 	serverPID int
 	server    string
+	version   string    // the server's SELECT VERSION()
+	mysqlSrv  *dbServer // -mysql-dsn's, or nil
 	admin     *sql.DB
 	results   []*fanout.Result
 	raw       *os.File
@@ -142,210 +147,171 @@ type runner struct {
 }
 
 func main() {
-	var (
-		binDir  = flag.String("bin", "bin/bench", "directory of the fanout-* binaries and of api and worker")
-		nsFlag  = flag.String("n", "25,100,300,3000,10000", "comma-separated fan-out sizes")
-		outDir  = flag.String("out", "docs/bench", "where results.md, the charts and raw.jsonl go")
-		shared  = flag.String("server", "", "use this server DSN (root, no database) instead of a private mariadbd; needs max_connections above 1000")
-		skipBig = flag.Bool("skip-large-table", false, "skip the 1M-row CancelSteps and sweeper measurements")
-		noProf  = flag.Bool("skip-profile", false, "skip the profiled service run")
-		only    = flag.String("only", "", "comma-separated row labels to run (default all); \"sustained\", \"workers\" and \"e2e\" name those runs alone")
-		shapes  = flag.String("shapes", "one,each", "fan-out shapes: one (one step to N) and/or each (a step each, the control)")
-		nanoMax = flag.Int("nanocmd-max-n", 10000, "largest N NanoCMD's storage rows run at (above it they take minutes: N=100000 is about 7 minutes for v0.7.1)")
-		susFor  = flag.Duration("sustained", 60*time.Second, "length of the sustained run at the api's full rate (0 skips it)")
-		susCfg  = flag.String("sustained-server", "defaults", "server setting of the sustained and worker-throughput runs: defaults or stricter")
-		wFlag   = flag.String("workers", "1,3", "comma-separated worker process counts for the worker-throughput table (empty or 0 skips it)")
-		wN      = flag.Int("workers-n", 10000, "results committed with the workers stopped, for the worker-throughput table")
-		e2eN    = flag.Int("e2e-n", 3000, "enrollments of the end-to-end run against NanoCMD v0.7.1's own server (0 skips it; -only e2e runs it alone)")
-		e2eIn   = flag.Int("e2e-inflight", 64, "enrollments answering at once in the end-to-end run (each answers its commands one after another)")
-		myDSN   = flag.String("mysql-dsn", "", "also run the fan-out rows (floor, NanoCMD, storage, service) on this MySQL server (root DSN, no database), as settings \"MySQL defaults\", \"MySQL stricter\" and \"MySQL binlog\"")
-	)
-	flag.Parse()
-	ns, err := parseInts(*nsFlag)
-	if err != nil {
-		die("-n: %v", err)
-	}
-	var workerCounts []int
-	if *wFlag != "" && *wFlag != "0" {
-		if workerCounts, err = parseInts(*wFlag); err != nil {
-			die("-workers: %v", err)
-		}
-	}
-	if *wN < 1 {
-		die("-workers-n: %d is not a positive count", *wN)
-	}
-	if *e2eN < 0 || *e2eIn < 1 {
-		die("-e2e-n %d, -e2e-inflight %d: want a count (0 skips) and a positive count", *e2eN, *e2eIn)
-	}
-	var sideCfg *serverConfig
-	for i := range configs {
-		if configs[i].Name == *susCfg {
-			sideCfg = &configs[i]
-		}
-	}
-	if sideCfg == nil {
-		die("-sustained-server: %q is neither defaults nor stricter", *susCfg)
-	}
-	if err := os.MkdirAll(*outDir, 0o755); err != nil {
+	o := parseFlags()
+	if err := os.MkdirAll(o.outDir, 0o755); err != nil {
 		die("%v", err)
 	}
-	r := &runner{bin: *binDir, server: *shared}
+	r := startRunner(o)
+	defer r.raw.Close()
+	r.total = o.measurements()
+	started := time.Now()
+	r.runFanOut(o)
+	r.runUncontended(o)
+	side := r.runSideRuns(o)
+	r.writeReport(o, side, started)
+}
+
+// startRunner opens the server (a private mariadbd unless -server names
+// one) and raw.jsonl.
+func startRunner(o *options) *runner {
+	r := &runner{bin: o.binDir, server: o.server}
 	if r.server == "" {
 		progress("starting a private mariadbd (max_connections 2000, binary log on, sync_binlog=1)")
-		srv, err := startPrivateServer(2000)
+		srv, err := testha.RunMariaDB(testha.MariaDBConfig{
+			MaxConnections: 2000, BufferPool: "512M", LogBin: true,
+			// one durable commit per result is the floor measured
+			Durable: true,
+			// the shared server's character set, which the bench's
+			// server read from my.cnf before it read none
+			Args: []string{"--back-log=4096", "--character-set-server=utf8mb4", "--collation-server=utf8mb4_general_ci"},
+		})
 		if err != nil {
 			die("%v", err)
 		}
-		defer srv.Stop()
-		r.server, r.serverPID = srv.DSN, srv.cmd.Process.Pid
+		atExit(srv.Stop)
+		r.server, r.serverPID = srv.DSN(), srv.PID()
 	}
+	var err error
 	if r.admin, err = sql.Open("mysql", r.server); err != nil {
 		die("%v", err)
 	}
-	var version string
-	if err := r.admin.QueryRow("SELECT VERSION()").Scan(&version); err != nil {
+	if err := r.admin.QueryRow("SELECT VERSION()").Scan(&r.version); err != nil {
 		die("server: %v", err)
 	}
+	r.addServerConfigs(o)
+	if r.raw, err = os.Create(filepath.Join(o.outDir, "raw.jsonl")); err != nil {
+		die("%v", err)
+	}
+	return r
+}
+
+// addServerConfigs drops the binlog setting where the server writes no
+// binary log, and adds the MySQL settings of -mysql-dsn.
+func (r *runner) addServerConfigs(o *options) {
 	if logBin, err := binlogOn(r.admin); err != nil {
 		die("server: %v", err)
 	} else if !logBin {
 		progress("the server's binary log is off: no %s rows", settingBinlog)
 		configs = withoutBinlog(configs)
 	}
-	var mysqlSrv *dbServer
-	if *myDSN != "" {
-		if mysqlSrv, err = openMySQL(*myDSN); err != nil {
-			die("-mysql-dsn: %v (BENCH_MYSQL_DSN= skips the MySQL rows)", err)
-		}
-		var maxConns int
-		if err := mysqlSrv.admin.QueryRow("SELECT @@max_connections").Scan(&maxConns); err != nil {
-			die("-mysql-dsn: %v", err)
-		}
-		my := mysqlConfigs(mysqlSrv, maxConns)
-		if !mysqlSrv.logBin {
-			progress("MySQL's binary log is off: no MySQL %s rows", settingBinlog)
-			my = withoutBinlog(my)
-		}
-		configs = append(configs, my...)
+	if o.mysqlDSN == "" {
+		return
 	}
-	r.raw, err = os.Create(filepath.Join(*outDir, "raw.jsonl"))
-	if err != nil {
-		die("%v", err)
+	var err error
+	if r.mysqlSrv, err = openMySQL(o.mysqlDSN); err != nil {
+		die("-mysql-dsn: %v (BENCH_MYSQL_DSN= skips the MySQL rows)", err)
 	}
-	defer r.raw.Close()
+	var maxConns int
+	if err := r.mysqlSrv.admin.QueryRow("SELECT @@max_connections").Scan(&maxConns); err != nil {
+		die("-mysql-dsn: %v", err)
+	}
+	my := mysqlConfigs(r.mysqlSrv, maxConns)
+	if !r.mysqlSrv.logBin {
+		progress("MySQL's binary log is off: no MySQL %s rows", settingBinlog)
+		my = withoutBinlog(my)
+	}
+	configs = append(configs, my...)
+}
 
-	want := func(label string) bool { return *only == "" || strings.Contains(","+*only+",", ","+label+",") }
-	labels := []string{implFloor}
-	for _, im := range storageImpls {
-		labels = append(labels, im.Label)
-	}
-	labels = append(labels, implService)
-	var controls []bool
-	for _, sh := range strings.Split(*shapes, ",") {
-		switch strings.TrimSpace(sh) {
-		case "one":
-			controls = append(controls, false)
-		case "each":
-			controls = append(controls, true)
-		default:
-			die("-shapes: %q is not one or each", sh)
-		}
-	}
-	runsAt := func(label string, n int) bool {
-		return want(label) && (n <= *nanoMax || !strings.HasPrefix(label, "NanoCMD"))
-	}
-	for _, l := range labels {
-		for _, n := range ns {
-			if runsAt(l, n) {
-				r.total += len(configs) * len(controls)
-			}
-		}
-	}
-	for _, im := range storageImpls {
-		if want(im.Label) {
-			r.total += 2 // the uncontended path, 1 and 4 commands
-		}
-	}
-	runSustained := *susFor > 0 && (want(implService) || want("sustained"))
-	if runSustained {
-		r.total++
-	}
-	if !want(implService) && !want("workers") {
-		workerCounts = nil
-	}
-	r.total += len(workerCounts)
-	runE2E := *e2eN > 0 && want("e2e")
-	if runE2E {
-		r.total += 2
-	}
-	started := time.Now()
-
+// runFanOut measures the rows of the fan-out tables: each server setting,
+// N and shape, the floor, each storage and the service.
+func (r *runner) runFanOut(o *options) {
 	for _, cfg := range configs {
-		for _, n := range ns {
-			for _, control := range controls {
-				if want(implFloor) {
+		for _, n := range o.ns {
+			for _, control := range o.controls {
+				if o.want(implFloor) {
 					r.record(r.floor(cfg, n, control))
 				}
 				for _, im := range storageImpls {
-					if runsAt(im.Label, n) {
+					if o.runsAt(im.Label, n) {
 						r.record(r.storage(im, fanout.ModeFanOut, cfg, n, control, 1))
 					}
 				}
-				if want(implService) {
+				if o.want(implService) {
 					r.record(r.service(cfg, n, control))
 				}
 			}
 		}
 	}
+}
+
+// runUncontended measures each storage's uncontended path, 1 and 4
+// commands a step.
+func (r *runner) runUncontended(o *options) {
 	for _, im := range storageImpls {
-		if !want(im.Label) {
+		if !o.want(im.Label) {
 			continue
 		}
 		for _, k := range []int{1, 4} {
 			r.record(r.storage(im, fanout.ModeUncontended, configs[0], 50, false, k))
 		}
 	}
-	var sus *sustainedResult
-	if runSustained {
-		if sus, err = r.sustained(*sideCfg, *susFor, *outDir); err != nil {
+}
+
+// sideRuns are the measurements beside the fan-out tables; nil where one
+// did not run.
+type sideRuns struct {
+	sus    *sustainedResult
+	drains []*drainResult
+	e2e    *e2eResult
+	large  *largeTable
+	prof   *profiled
+}
+
+func (r *runner) runSideRuns(o *options) sideRuns {
+	var s sideRuns
+	var err error
+	if o.runSustained() {
+		if s.sus, err = r.sustained(o.sideCfg, o.susFor, o.outDir); err != nil {
 			die("sustained: %v", err)
 		}
-		r.recordJSON(sus)
+		r.recordJSON(s.sus)
 	}
-	var drains []*drainResult
-	for _, k := range workerCounts {
-		d, err := r.drain(*sideCfg, *wN, k)
+	for _, k := range o.workerCounts {
+		d, err := r.drain(o.sideCfg, o.workersN, k)
 		if err != nil {
 			die("worker throughput: %v", err)
 		}
-		drains = append(drains, d)
+		s.drains = append(s.drains, d)
 		r.recordJSON(d)
 	}
-	var e2e *e2eResult
-	if runE2E {
-		if e2e, err = r.e2e(*e2eN, *e2eIn, *outDir); err != nil {
+	if o.runE2E() {
+		if s.e2e, err = r.e2e(o.e2eN, o.e2eInflight, o.outDir); err != nil {
 			die("end to end: %v", err)
 		}
-		r.recordJSON(e2e)
+		r.recordJSON(s.e2e)
 	}
-	var large *largeTable
-	if !*skipBig {
-		large = r.largeTable(want)
+	if !o.skipBig {
+		s.large = r.largeTable(o.want)
 	}
-	var prof *profiled
-	if !*noProf && want(implService) {
-		prof = r.profile(*outDir)
+	if !o.noProf && o.want(implService) {
+		s.prof = r.profile(o.outDir)
 	}
+	return s
+}
 
-	md := report(r.results, sus, drains, e2e, large, prof, version, mysqlSrv, started, time.Since(started))
-	if err := os.WriteFile(filepath.Join(*outDir, "results.md"), []byte(md), 0o644); err != nil {
+// writeReport writes results.md and the charts, and prints the report.
+func (r *runner) writeReport(o *options, s sideRuns, started time.Time) {
+	md := report(r.results, s.sus, s.drains, s.e2e, s.large, s.prof, r.version, r.mysqlSrv, started, time.Since(started))
+	if err := os.WriteFile(filepath.Join(o.outDir, "results.md"), []byte(md), 0o644); err != nil {
 		die("%v", err)
 	}
-	if err := charts(r.results, ns, *outDir); err != nil {
+	if err := charts(r.results, o.ns, o.outDir); err != nil {
 		die("charts: %v", err)
 	}
 	fmt.Print(md)
-	progress("done in %v; wrote %s", time.Since(started).Round(time.Second), filepath.Join(*outDir, "results.md"))
+	progress("done in %v; wrote %s", time.Since(started).Round(time.Second), filepath.Join(o.outDir, "results.md"))
+	runAtExit()
 }
 
 // openMySQL opens the -mysql-dsn server and describes it.
@@ -464,18 +430,6 @@ func sum(m map[string]int) int {
 	return t
 }
 
-func parseInts(s string) ([]int, error) {
-	var out []int
-	for _, f := range strings.Split(s, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(f))
-		if err != nil || n < 1 {
-			return nil, fmt.Errorf("%q is not a positive count", f)
-		}
-		out = append(out, n)
-	}
-	return out, nil
-}
-
 func progress(format string, a ...any) {
 	fmt.Fprintf(os.Stderr, "%s "+format, append([]any{time.Now().Format("15:04:05")}, a...)...)
 	if !strings.HasSuffix(format, "…") {
@@ -485,5 +439,36 @@ func progress(format string, a ...any) {
 
 func die(format string, a ...any) {
 	fmt.Fprintf(os.Stderr, "bench: "+format+"\n", a...)
+	runAtExit()
 	os.Exit(1)
+}
+
+var (
+	exitMu    sync.Mutex
+	exitFuncs []func()
+)
+
+// atExit has f run when the bench ends, by die, by an interrupt or at the
+// end of main: the private mariadbd runs in a process group of its own, so
+// no Ctrl-C reaches it, and os.Exit runs no deferred call.
+func atExit(f func()) {
+	exitMu.Lock()
+	defer exitMu.Unlock()
+	if exitFuncs == nil {
+		sig := make(chan os.Signal, 1)
+		signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+		go func() { die("%v", <-sig) }()
+	}
+	exitFuncs = append(exitFuncs, f)
+}
+
+// runAtExit runs what atExit was given, last first, once.
+func runAtExit() {
+	exitMu.Lock()
+	fs := exitFuncs
+	exitFuncs = nil
+	exitMu.Unlock()
+	for i := len(fs) - 1; i >= 0; i-- {
+		fs[i]()
+	}
 }

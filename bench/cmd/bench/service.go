@@ -48,8 +48,8 @@ func (r *runner) serviceProfiled(cfg serverConfig, n int, control bool, profile 
 	if emptyAt, ok := e.awaitStepsEmpty(2 * time.Minute); ok {
 		res.CollectedAfterMS = fanout.MS(emptyAt.Sub(lastOK))
 	}
-	e.recv.await(n, 30*time.Second, 2*time.Minute)
-	received, distinct, last := e.recv.counts()
+	e.recv.AwaitCompletions(n, 30*time.Second, 2*time.Minute)
+	received, distinct, last := e.recv.Completions()
 	res.EventsReceived, res.EventsDistinct = received, distinct
 	if distinct >= n {
 		res.DeliveredAfterMS = fanout.MS(last.Sub(lastOK))

@@ -131,7 +131,7 @@ func (r *runner) sustained(cfg serverConfig, d time.Duration, outDir string) (*s
 		res.Rate = float64(calib-calib/2) / (done[calib-1] - done[calib/2]).Seconds()
 		res.RateFrom = fmt.Sprintf("the second half of a burst of %d results in the same setup", calib)
 		e.awaitStepsEmpty(2 * time.Minute)
-		e.recv.await(b.completed, 30*time.Second, 2*time.Minute)
+		e.recv.AwaitCompletions(b.completed, 30*time.Second, 2*time.Minute)
 		next = calib
 	}
 	res.Steps = int(math.Ceil(res.Rate*d.Seconds()*stepMargin)) + inflight
@@ -150,7 +150,7 @@ func (r *runner) sustained(cfg serverConfig, d time.Duration, outDir string) (*s
 	if err != nil {
 		return nil, err
 	}
-	received0, distinct0, _ := e.recv.counts()
+	received0, distinct0, _ := e.recv.Completions()
 	first, end := next, next+res.Steps
 
 	var (
@@ -185,7 +185,7 @@ func (r *runner) sustained(cfg serverConfig, d time.Duration, outDir string) (*s
 			if err != nil {
 				continue
 			}
-			_, distinct, _ := e.recv.counts()
+			_, distinct, _ := e.recv.Completions()
 			sm := sustainedSample{
 				T:          t0.Sub(start).Seconds(),
 				Committed:  int(committed.Load()),
@@ -243,7 +243,7 @@ func (r *runner) sustained(cfg serverConfig, d time.Duration, outDir string) (*s
 	if err != nil {
 		return nil, err
 	}
-	_, distinctEnd, _ := e.recv.counts()
+	_, distinctEnd, _ := e.recv.Completions()
 	res.CommittedPerS = float64(res.Committed) / res.LoadS
 	res.CollectedPerS = (atEnd[seriesCollected] - base[seriesCollected]) / res.LoadS
 	res.DeliveredPerS = float64(distinctEnd-distinct0) / res.LoadS
@@ -269,8 +269,8 @@ func (r *runner) sustained(cfg serverConfig, d time.Duration, outDir string) (*s
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	if e.recv.await(distinct0+res.Committed, 30*time.Second, 5*time.Minute) {
-		_, _, last := e.recv.counts()
+	if e.recv.AwaitCompletions(distinct0+res.Committed, 30*time.Second, 5*time.Minute) {
+		_, _, last := e.recv.Completions()
 		res.DeliveredDrainMS = fanout.MS(last.Sub(loadEnd))
 	}
 	time.Sleep(2 * sampleEvery) // a last sample or two of the settled state
@@ -282,7 +282,7 @@ func (r *runner) sustained(cfg serverConfig, d time.Duration, outDir string) (*s
 		return nil, err
 	}
 	res.Collected = int(final[seriesCollected] - base[seriesCollected])
-	received, distinct, _ := e.recv.counts()
+	received, distinct, _ := e.recv.Completions()
 	res.EventsReceived, res.EventsDistinct = received-received0, distinct-distinct0
 	bs := final.lagBuckets(base)
 	res.LagP50MS, res.LagP99MS, res.LagWithin1s = quantileMS(bs, 0.5), quantileMS(bs, 0.99), shareWithin(bs, 1)

@@ -11,6 +11,25 @@ import (
 	"github.com/stepcollect/stepcollect/internal/testkit"
 )
 
+// MariaDBConfig shapes a private mariadbd; the zero value is a test's.
+type MariaDBConfig struct {
+	// MaxConnections is max_connections (500 when 0).
+	MaxConnections int
+	// BufferPool is innodb_buffer_pool_size (64M when empty).
+	BufferPool string
+	// Durable keeps InnoDB's flush of the log at every commit: what the
+	// bench measures. Without it the log is flushed once a second
+	// (innodb_flush_log_at_trx_commit=2), which is enough on a test
+	// machine's disk: a SIGKILL of the process loses nothing at 2 (the log
+	// is in the page cache), only a crash of the host.
+	Durable bool
+	// LogBin writes a binary log, synced at every commit (sync_binlog=1),
+	// as a server that replicas follow must; a test's runs without one.
+	LogBin bool
+	// Args are more mariadbd options, after the others.
+	Args []string
+}
+
 // StartMariaDB installs a datadir (mariadb-install-db) and starts the
 // machine's mariadbd on a free port, killed (and its files removed) when t
 // ends. It reads no option file (--no-defaults): the machine's my.cnf
@@ -24,6 +43,51 @@ func StartMariaDB(t testing.TB) *SQLServer {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
+	s, err := newMariaDB(dir, testkit.FreePort(t), MariaDBConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.t = t
+	s.launch()
+	return s
+}
+
+// RunMariaDB is StartMariaDB outside a test (the bench's), shaped by cfg:
+// the caller stops it, and removes its files, with Stop.
+func RunMariaDB(cfg MariaDBConfig) (*SQLServer, error) {
+	dir, err := os.MkdirTemp("", "testha-mariadb")
+	if err != nil {
+		return nil, err
+	}
+	port, err := testkit.PickPort()
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("finding a port for mariadbd: %w", err)
+	}
+	s, err := newMariaDB(dir, port, cfg)
+	if err == nil {
+		s.dir = dir
+		err = s.open()
+	}
+	if err != nil {
+		if s != nil {
+			s.Stop()
+		}
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	return s, nil
+}
+
+// newMariaDB installs a datadir under dir and makes the server's process
+// (not started) on port, shaped by cfg.
+func newMariaDB(dir string, port int, cfg MariaDBConfig) (*SQLServer, error) {
+	if cfg.MaxConnections == 0 {
+		cfg.MaxConnections = 500
+	}
+	if cfg.BufferPool == "" {
+		cfg.BufferPool = "64M"
+	}
 	data := filepath.Join(dir, "data")
 	var user []string
 	if os.Geteuid() == 0 {
@@ -34,19 +98,24 @@ func StartMariaDB(t testing.TB) *SQLServer {
 	install := append(append([]string{"--no-defaults"}, user...), "--datadir="+data,
 		"--auth-root-authentication-method=normal", "--skip-test-db")
 	if out, err := exec.Command("mariadb-install-db", install...).CombinedOutput(); err != nil {
-		t.Fatalf("mariadb-install-db %v: %v\n%s", install, err, out)
+		return nil, fmt.Errorf("mariadb-install-db %v: %v\n%s", install, err, out)
 	}
-	s := &SQLServer{Kind: MariaDB, t: t, Port: testkit.FreePort(t), errorLog: filepath.Join(dir, "error.log")}
+	s := &SQLServer{Kind: MariaDB, Port: port, errorLog: filepath.Join(dir, "error.log")}
 	s.adminNet, s.adminAddr = "tcp", fmt.Sprintf("127.0.0.1:%d", s.Port)
 	args := append(append([]string{"--no-defaults"}, user...), "--datadir="+data,
 		"--port="+strconv.Itoa(s.Port), "--bind-address=127.0.0.1", "--skip-name-resolve",
 		"--socket="+filepath.Join(dir, "sock"), "--pid-file="+filepath.Join(dir, "pid"),
 		"--log-error="+s.errorLog, "--tmpdir="+dir,
-		"--skip-log-bin", "--max-connections=500", "--innodb-buffer-pool-size=64M",
-		// a test machine's disk: a SIGKILL of the process loses nothing
-		// at 2 (the log is in the page cache), only a crash of the host
-		"--innodb-flush-log-at-trx-commit=2")
-	s.proc = newProcess("mariadbd", "mariadbd", args...)
-	s.launch()
-	return s
+		"--max-connections="+strconv.Itoa(cfg.MaxConnections),
+		"--innodb-buffer-pool-size="+cfg.BufferPool)
+	if cfg.LogBin {
+		args = append(args, "--log-bin="+filepath.Join(dir, "binlog"), "--sync-binlog=1")
+	} else {
+		args = append(args, "--skip-log-bin")
+	}
+	if !cfg.Durable {
+		args = append(args, "--innodb-flush-log-at-trx-commit=2")
+	}
+	s.proc = newProcess("mariadbd", "mariadbd", append(args, cfg.Args...)...)
+	return s, nil
 }

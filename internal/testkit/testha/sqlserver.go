@@ -73,7 +73,8 @@ type SQLServer struct {
 	// alone does not hold it back on either kind).
 	Admin *sql.DB
 
-	t        testing.TB
+	t        testing.TB // nil outside a test (RunMariaDB)
+	dir      string     // removed by Stop (RunMariaDB's)
 	proc     *process
 	errorLog string // the server's error log, as this process sees it
 	// admin is where root connects: net and address (TCP on MariaDB, the
@@ -98,15 +99,40 @@ func (s *SQLServer) launch() {
 			t.Logf("private %s error log:\n%s%s", s.Kind, s.proc.logs.String(), b)
 		}
 	})
-	cfg := mysql.NewConfig()
-	cfg.User, cfg.Net, cfg.Addr = "root", s.adminNet, s.adminAddr
-	var err error
-	if s.Admin, err = sql.Open("mysql", cfg.FormatDSN()); err != nil {
+	if err := s.open(); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// open makes root's pool and starts the server (start).
+func (s *SQLServer) open() error {
+	var err error
+	if s.Admin, err = sql.Open("mysql", s.DSN()); err != nil {
+		return err
+	}
 	s.Admin.SetMaxOpenConns(4)
-	if err := s.start(); err != nil {
-		t.Fatal(err)
+	return s.start()
+}
+
+// DSN is root's on the server, no database.
+func (s *SQLServer) DSN() string {
+	cfg := mysql.NewConfig()
+	cfg.User, cfg.Net, cfg.Addr = "root", s.adminNet, s.adminAddr
+	return cfg.FormatDSN()
+}
+
+// PID is the server's process id (0 before it started).
+func (s *SQLServer) PID() int { return s.proc.pid() }
+
+// Stop kills a server RunMariaDB started and removes its files (a test's
+// goes when the test ends).
+func (s *SQLServer) Stop() {
+	if s.Admin != nil {
+		s.Admin.Close()
+	}
+	s.proc.stop(syscall.SIGKILL, 10*time.Second)
+	if s.dir != "" {
+		os.RemoveAll(s.dir)
 	}
 }
 

@@ -6,7 +6,8 @@
 // (mariadb.go) or Oracle MySQL's mysqld from scripts/mysql.sh's chroot
 // (mysql.go), whichever the suite runs on (SuiteKind). Everything listens
 // on 127.0.0.1, on free ports, keeps its files in a temporary directory
-// and is killed when the test ends.
+// and is killed when the test ends. The bench starts its private MariaDB
+// the same way, outside a test (RunMariaDB).
 //
 // A missing binary (or MySQL's chroot) skips the test, except under
 // CI=true, where it fails: CI must never pass by skipping (.ci/run
@@ -63,6 +64,16 @@ func (p *process) start() error {
 	p.cmd, p.done = cmd, done
 	p.mu.Unlock()
 	return nil
+}
+
+// pid is the process id (0 before start).
+func (p *process) pid() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil {
+		return 0
+	}
+	return p.cmd.Process.Pid
 }
 
 // running reports whether the process was started and has not exited.

@@ -1,0 +1,145 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// options are the command line, checked.
+type options struct {
+	binDir, outDir, server, only string
+	ns                           []int
+	controls                     []bool // the fan-out shapes: false one step to N, true a step each
+	skipBig, noProf              bool
+	nanoMax                      int
+	susFor                       time.Duration
+	sideCfg                      serverConfig // of the sustained and worker-throughput runs
+	workerCounts                 []int
+	workersN                     int
+	e2eN, e2eInflight            int
+	mysqlDSN                     string // -mysql-dsn: the fan-out rows on MySQL too
+}
+
+// want reports whether -only asks for the row (or run) label.
+func (o *options) want(label string) bool {
+	return o.only == "" || strings.Contains(","+o.only+",", ","+label+",")
+}
+
+// runsAt reports whether the row label runs at fan-out n.
+func (o *options) runsAt(label string, n int) bool {
+	return o.want(label) && (n <= o.nanoMax || !strings.HasPrefix(label, "NanoCMD"))
+}
+
+func (o *options) runSustained() bool {
+	return o.susFor > 0 && (o.want(implService) || o.want("sustained"))
+}
+
+func (o *options) runE2E() bool { return o.e2eN > 0 && o.want("e2e") }
+
+// measurements counts what the run will measure, for the progress lines'
+// [k/total].
+func (o *options) measurements() int {
+	labels := []string{implFloor}
+	for _, im := range storageImpls {
+		labels = append(labels, im.Label)
+	}
+	labels = append(labels, implService)
+	total := 0
+	for _, l := range labels {
+		for _, n := range o.ns {
+			if o.runsAt(l, n) {
+				total += len(configs) * len(o.controls)
+			}
+		}
+	}
+	for _, im := range storageImpls {
+		if o.want(im.Label) {
+			total += 2 // the uncontended path, 1 and 4 commands
+		}
+	}
+	if o.runSustained() {
+		total++
+	}
+	total += len(o.workerCounts)
+	if o.runE2E() {
+		total += 2
+	}
+	return total
+}
+
+func parseFlags() *options {
+	var (
+		o       options
+		nsFlag  = flag.String("n", "25,100,300,3000,10000", "comma-separated fan-out sizes")
+		shapes  = flag.String("shapes", "one,each", "fan-out shapes: one (one step to N) and/or each (a step each, the control)")
+		susCfg  = flag.String("sustained-server", "defaults", "server setting of the sustained and worker-throughput runs: defaults or stricter")
+		wFlag   = flag.String("workers", "1,3", "comma-separated worker process counts for the worker-throughput table (empty or 0 skips it)")
+		flagErr error
+	)
+	flag.StringVar(&o.binDir, "bin", "bin/bench", "directory of the fanout-* binaries and of api and worker")
+	flag.StringVar(&o.outDir, "out", "docs/bench", "where results.md, the charts and raw.jsonl go")
+	flag.StringVar(&o.server, "server", "", "use this server DSN (root, no database) instead of a private mariadbd; needs max_connections above 1000")
+	flag.BoolVar(&o.skipBig, "skip-large-table", false, "skip the 1M-row CancelSteps and sweeper measurements")
+	flag.BoolVar(&o.noProf, "skip-profile", false, "skip the profiled service run")
+	flag.StringVar(&o.only, "only", "", "comma-separated row labels to run (default all); \"sustained\", \"workers\" and \"e2e\" name those runs alone")
+	flag.IntVar(&o.nanoMax, "nanocmd-max-n", 10000, "largest N NanoCMD's storage rows run at (above it they take minutes: N=100000 is about 7 minutes for v0.7.1)")
+	flag.DurationVar(&o.susFor, "sustained", 60*time.Second, "length of the sustained run at the api's full rate (0 skips it)")
+	flag.IntVar(&o.workersN, "workers-n", 10000, "results committed with the workers stopped, for the worker-throughput table")
+	flag.IntVar(&o.e2eN, "e2e-n", 3000, "enrollments of the end-to-end run against NanoCMD v0.7.1's own server (0 skips it; -only e2e runs it alone)")
+	flag.IntVar(&o.e2eInflight, "e2e-inflight", 64, "enrollments answering at once in the end-to-end run (each answers its commands one after another)")
+	flag.StringVar(&o.mysqlDSN, "mysql-dsn", "", "also run the fan-out rows (floor, NanoCMD, storage, service) on this MySQL server (root DSN, no database), as settings \"MySQL defaults\", \"MySQL stricter\" and \"MySQL binlog\"")
+	flag.Parse()
+
+	if o.ns, flagErr = parseInts(*nsFlag); flagErr != nil {
+		die("-n: %v", flagErr)
+	}
+	if *wFlag != "" && *wFlag != "0" {
+		if o.workerCounts, flagErr = parseInts(*wFlag); flagErr != nil {
+			die("-workers: %v", flagErr)
+		}
+	}
+	if o.workersN < 1 {
+		die("-workers-n: %d is not a positive count", o.workersN)
+	}
+	if o.e2eN < 0 || o.e2eInflight < 1 {
+		die("-e2e-n %d, -e2e-inflight %d: want a count (0 skips) and a positive count", o.e2eN, o.e2eInflight)
+	}
+	found := false
+	for _, c := range configs {
+		if c.Name == *susCfg {
+			o.sideCfg, found = c, true
+		}
+	}
+	if !found {
+		die("-sustained-server: %q is neither defaults nor stricter", *susCfg)
+	}
+	for _, sh := range strings.Split(*shapes, ",") {
+		switch strings.TrimSpace(sh) {
+		case "one":
+			o.controls = append(o.controls, false)
+		case "each":
+			o.controls = append(o.controls, true)
+		default:
+			die("-shapes: %q is not one or each", sh)
+		}
+	}
+	if !o.want(implService) && !o.want("workers") {
+		o.workerCounts = nil
+	}
+	return &o
+}
+
+func parseInts(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("%q is not a positive count", f)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
