@@ -1,5 +1,5 @@
-// Package e2e drives the built binaries from outside, through the contract
-// alone, as NanoMDM and a workflow engine would.
+// Package e2e drives the built binaries from outside, through what
+// docs/reference.md documents alone, as NanoMDM and a workflow engine would.
 package e2e
 
 import (
@@ -110,8 +110,8 @@ func TestFanOutOf500ThroughTheRealBinaries(t *testing.T) {
 	s.Stop(t)
 }
 
-// Every metric name the contract lists is exported by both binaries.
-func TestBothBinariesExportTheContractsMetrics(t *testing.T) {
+// Every metric name docs/reference.md lists is exported by both binaries.
+func TestBothBinariesExportTheDocumentedMetrics(t *testing.T) {
 	s := startStack(t)
 	names := []string{
 		"stepcollect_results_total", "stepcollect_result_commit_seconds", "stepcollect_enqueue_failures_total",

@@ -34,9 +34,10 @@ func TestEventIDsAreStableAndDistinct(t *testing.T) {
 	}
 }
 
-// A step.completed body is the contract's JSON: every field named as §4
-// says, results as standard base64.
-func TestCompletedEventJSONIsTheContracts(t *testing.T) {
+// A step.completed body is the JSON docs/reference.md ("Events to the
+// workflow engine") documents: every field named as it says, results as
+// standard base64.
+func TestCompletedEventJSONIsTheDocumentedOne(t *testing.T) {
 	at := time.Date(2026, 11, 29, 12, 0, 0, 0, time.FixedZone("x", 3600))
 	r := &nanostorage.StepResult{IDs: []string{"E1"}, Commands: []nanostorage.StepCommandResult{
 		{CommandUUID: "U1", RequestType: "DeviceInformation", Completed: true, ResultReport: []byte("<plist/>")}}}

@@ -118,7 +118,7 @@ func TestCheckOutAndAuthenticateCancelTheEnrollmentsSteps(t *testing.T) {
 	}
 }
 
-// Every bad input the contract lists: its status, a one-line reason naming
+// Every bad input docs/reference.md ("POST /webhook") lists: its status, a one-line reason naming
 // the field, and the database exactly as it was.
 func TestBadWebhookInputsAreRejectedAndWriteNothing(t *testing.T) {
 	b := setup(t, &setupOpts{maxBody: 64 << 10})

@@ -10,8 +10,8 @@ import (
 )
 
 // Set is every stepcollect metric, registered on one registry. Both
-// binaries register the whole set (the contract has each expose all of
-// them); each metric moves only in the binary where its work happens.
+// binaries register the whole set (docs/reference.md, "Metrics": each
+// exposes all of them); each metric moves only in the binary where its work happens.
 type Set struct {
 	Registry *prometheus.Registry
 	Storage  *Storage

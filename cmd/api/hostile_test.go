@@ -16,7 +16,7 @@ import (
 	"github.com/stepcollect/stepcollect/internal/testkit"
 )
 
-// Contract §7.7: nothing a client sends can stop the api. Each hostile
+// Nothing a client sends can stop the api (docs/reference.md, "Guarantees"). Each hostile
 // input gets a 4xx (never a 5xx), /healthz answers after each, and the
 // process's peak memory stays bounded.
 

@@ -19,7 +19,7 @@ import (
 	"github.com/stepcollect/stepcollect/internal/version"
 )
 
-// Defaults every binary shares (the contract's §2).
+// Defaults every binary shares (docs/reference.md, "The binaries").
 const (
 	DefaultMySQLDSN = "root@tcp(127.0.0.1:3306)/stepcollect?parseTime=true"
 	DefaultRedisURL = "redis://127.0.0.1:6379/0"
