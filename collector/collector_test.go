@@ -59,6 +59,7 @@ func (b *bundle) exists(t *testing.T, stepID int64) (step, refs, raw int) {
 // unreferenced step collected exactly once, and a referenced step named in
 // the same payload left entirely alone.
 func TestTheSameCollectTaskDeliveredTwiceIsHarmless(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	done := b.storeStep(t, "done", 2)    // unreferenced
 	halfway := b.storeStep(t, "half", 1) // still referenced by B
@@ -99,6 +100,7 @@ func TestTheSameCollectTaskDeliveredTwiceIsHarmless(t *testing.T) {
 }
 
 func TestACollectTaskOfAnUnknownVersionIsNotRetried(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	h := collector.NewHandler(b.store, zerolog.Nop())
 	for _, payload := range []string{`{"v":2,"steps":[{"id":1}]}`, `not json`} {
@@ -112,6 +114,7 @@ func TestACollectTaskOfAnUnknownVersionIsNotRetried(t *testing.T) {
 // The sweeper pages through the steps table in bounded batches and finds
 // every unreferenced step, however the ids are spread across pages.
 func TestSweepFindsEveryUnreferencedStepAcrossPages(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	var want []int64
 	for i := range 25 {
@@ -160,6 +163,7 @@ func TestSweepFindsEveryUnreferencedStepAcrossPages(t *testing.T) {
 // Raw commands whose step is gone (possible only where the foreign key was
 // dropped, as NanoCMD's schema allows) are deleted by the sweep.
 func TestSweepDeletesRawCommandsOfStepsThatAreGone(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	keep := b.storeStep(t, "keep", 0)
 	if _, err := b.db.Exec(`ALTER TABLE step_commands DROP FOREIGN KEY step_commands_ibfk_1`); err != nil {

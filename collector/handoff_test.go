@@ -72,6 +72,7 @@ func startHandoff(t *testing.T, cfg collector.HandoffConfig, q *fakeQueue) (*col
 // Releases from many requests inside one window become one task, each step
 // once, however often it was released.
 func TestHandoffGathersReleasesIntoFewTasks(t *testing.T) {
+	t.Parallel()
 	q := &fakeQueue{}
 	h, _ := startHandoff(t, collector.HandoffConfig{Window: 50 * time.Millisecond}, q)
 	var wg sync.WaitGroup
@@ -103,6 +104,7 @@ func TestHandoffGathersReleasesIntoFewTasks(t *testing.T) {
 // While the queue is down nothing is lost: the steps are kept and enqueued
 // once it is back.
 func TestHandoffKeepsStepsWhileTheQueueIsDown(t *testing.T) {
+	t.Parallel()
 	q := &fakeQueue{down: true}
 	h, _ := startHandoff(t, collector.HandoffConfig{Window: time.Millisecond, RetryEvery: 10 * time.Millisecond}, q)
 	for i := range 2500 {
@@ -128,6 +130,7 @@ func TestHandoffKeepsStepsWhileTheQueueIsDown(t *testing.T) {
 
 // Past MaxPending the oldest are dropped, and counted: the sweeper's.
 func TestHandoffDropsTheOldestPastItsBoundAndCountsThem(t *testing.T) {
+	t.Parallel()
 	q := &fakeQueue{down: true}
 	var mu sync.Mutex
 	dropped := 0
@@ -145,6 +148,7 @@ func TestHandoffDropsTheOldestPastItsBoundAndCountsThem(t *testing.T) {
 
 // Stopping hands over what is still pending.
 func TestHandoffFlushesOnStop(t *testing.T) {
+	t.Parallel()
 	q := &fakeQueue{}
 	h, cancel := startHandoff(t, collector.HandoffConfig{Window: time.Hour}, q)
 	h.StepsReleased(context.Background(), []storage.ReleasedStep{{ID: 7}})
@@ -173,6 +177,7 @@ func (s *stallUntilStop) EnqueueCollect(ctx context.Context, steps []storage.Rel
 // enqueued by the final flush (no cool-down in the way), and nothing is
 // counted in stepcollect_enqueue_failures_total.
 func TestHandoffStoppedMidFlushEnqueuesEveryStepAndCountsNoFailure(t *testing.T) {
+	t.Parallel()
 	rs := testkit.StartRedis(t)
 	opt, _ := asynq.ParseRedisURI(rs.URL)
 	var mu sync.Mutex
@@ -221,6 +226,7 @@ func TestHandoffStoppedMidFlushEnqueuesEveryStepAndCountsNoFailure(t *testing.T)
 // A cancelled caller is not a Redis failure: not counted, and the next
 // enqueue goes to Redis at once instead of cooling down.
 func TestEnqueuerDoesNotCountACancelledCallerAsARedisFailure(t *testing.T) {
+	t.Parallel()
 	rs := testkit.StartRedis(t)
 	opt, _ := asynq.ParseRedisURI(rs.URL)
 	var failures []string

@@ -25,6 +25,7 @@ func newSweeper(t *testing.T, b *bundle, interval time.Duration) *collector.Swee
 // lost is collected without waiting for a sweep slot. With sweeps off
 // (-sweep-interval 0) it does nothing.
 func TestSweepAtStartCollectsWhatALostHandOffLeft(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	lost := b.storeStep(t, "lost", 2)
 	newSweeper(t, b, 0).SweepAtStart(t.Context())
@@ -40,6 +41,7 @@ func TestSweepAtStartCollectsWhatALostHandOffLeft(t *testing.T) {
 // When the queue's Redis comes back empty, the collect tasks it held may be
 // gone: the worker sweeps in process rather than waiting up to an interval.
 func TestSweepOnQueueLossCollectsOnceRedisLostItsData(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	rs := testkit.StartRedis(t)
 	opt, err := asynq.ParseRedisURI(rs.URL)

@@ -18,6 +18,7 @@ import (
 // comes back empty between two looks (its data, and the collect tasks in
 // it, lost); never while nothing happens.
 func TestWatchQueueLossFiresOnRedisReturningAndOnItsDataGone(t *testing.T) {
+	t.Parallel()
 	rs := testkit.StartRedis(t)
 	opt, err := asynq.ParseRedisURI(rs.URL)
 	if err != nil {

@@ -84,6 +84,7 @@ func dispatchOne(t *testing.T, d *delivery.Deliverer, st *oneEvent) {
 // backoff within the cap, never acknowledged, counted as an http_error.
 // The body is signed and carries the event id.
 func TestAFailedPostIsRecordedAndTriedAgainLater(t *testing.T) {
+	t.Parallel()
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get(delivery.SignatureHeader) != delivery.Sign([]byte("k"), []byte(`{"event_id":"ev-1"}`)) ||
 			r.Header.Get(delivery.EventIDHeader) != "ev-1" {
@@ -105,6 +106,7 @@ func TestAFailedPostIsRecordedAndTriedAgainLater(t *testing.T) {
 }
 
 func TestANoAnswerIsATimeout(t *testing.T) {
+	t.Parallel()
 	release := make(chan struct{})
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { <-release }))
 	defer srv.Close()
@@ -118,6 +120,7 @@ func TestANoAnswerIsATimeout(t *testing.T) {
 }
 
 func TestWithoutACallbackURLEventsWait(t *testing.T) {
+	t.Parallel()
 	st := newOneEvent()
 	d := delivery.New(delivery.Config{}, metrics.NewDelivery(prometheus.NewRegistry()), zerolog.Nop())
 	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
@@ -131,6 +134,7 @@ func TestWithoutACallbackURLEventsWait(t *testing.T) {
 // A 302 to a URL whose GET answers 200 is not a delivery: nobody received
 // the body. The event stays, and the failure names the Location.
 func TestARedirectIsAFailedDeliveryNotFollowed(t *testing.T) {
+	t.Parallel()
 	var gets, posts int
 	var mu sync.Mutex
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -171,6 +175,7 @@ func TestARedirectIsAFailedDeliveryNotFollowed(t *testing.T) {
 // recorded (the event's last_error) and logged names the host, never the
 // user or password (net/http masks only the password).
 func TestAFailedDeliveryShowsNoCallbackCredentials(t *testing.T) {
+	t.Parallel()
 	srv := httptest.NewServer(http.NotFoundHandler())
 	host := srv.Listener.Addr().String()
 	srv.Close() // nothing listens there any more

@@ -62,6 +62,7 @@ func runDispatcher(t *testing.T, cfg delivery.DispatchConfig, url string, store 
 // Three dispatchers (three workers) on one outbox: every event arrives,
 // none twice, and the outbox is empty afterwards.
 func TestDispatchersDeliverEveryEventOnceBetweenThem(t *testing.T) {
+	t.Parallel()
 	db, store := testkit.NewStorage(t, stepmysql.WithOutbox())
 	rcv := testkit.NewReceiver(t, testkit.ReceiverOptions{CompletionsOnly: true})
 	completions(t, store, "disp", 600)
@@ -79,6 +80,7 @@ func TestDispatchersDeliverEveryEventOnceBetweenThem(t *testing.T) {
 // A worker that claimed events and died never acknowledges them: another
 // worker delivers them once the lease lapses, under the same event ids.
 func TestEventsADeadWorkerHeldAreDeliveredWhenItsLeaseLapses(t *testing.T) {
+	t.Parallel()
 	db, store := testkit.NewStorage(t, stepmysql.WithOutbox())
 	rcv := testkit.NewReceiver(t, testkit.ReceiverOptions{CompletionsOnly: true})
 	completions(t, store, "dead", 20)
@@ -105,6 +107,7 @@ func TestEventsADeadWorkerHeldAreDeliveredWhenItsLeaseLapses(t *testing.T) {
 // A receiver that fails keeps the events (backing off, at most MaxBackoff
 // apart); once it answers again they are delivered within seconds.
 func TestAReceiverThatComesBackIsServedWithinTheBackoffCap(t *testing.T) {
+	t.Parallel()
 	db, store := testkit.NewStorage(t, stepmysql.WithOutbox())
 	rcv := testkit.NewReceiver(t, testkit.ReceiverOptions{CompletionsOnly: true})
 	rcv.Refuse(http.StatusServiceUnavailable)
@@ -137,6 +140,7 @@ func (lateRenewals) RenewLeases(context.Context, []int64, time.Duration) error {
 // claimed again by another loop of the same worker, which does not POST it
 // a second time: one worker never delivers one event twice at once.
 func TestAWorkerNeverPostsAnEventItIsStillDelivering(t *testing.T) {
+	t.Parallel()
 	db, store := testkit.NewStorage(t, stepmysql.WithOutbox())
 	rcv := testkit.NewReceiver(t, testkit.ReceiverOptions{CompletionsOnly: true})
 	completions(t, store, "own", 1)
@@ -162,6 +166,7 @@ func TestAWorkerNeverPostsAnEventItIsStillDelivering(t *testing.T) {
 // POST of its batch returns: with a second worker polling, a receiver that
 // answers one event after more than a lease never sees the fast one twice.
 func TestAnAcknowledgedEventIsNotDeliveredAgainWhileItsBatchIsSlow(t *testing.T) {
+	t.Parallel()
 	db, store := testkit.NewStorage(t, stepmysql.WithOutbox())
 	rcv := testkit.NewReceiver(t, testkit.ReceiverOptions{CompletionsOnly: true})
 	completions(t, store, "lap", 2)

@@ -51,6 +51,7 @@ func heldEvents(t *testing.T, store *stepmysql.Storage) []storage.OutboxEntry {
 // and then not tried again, while the events beside it are delivered;
 // released once the receiver accepts it, it is delivered once.
 func TestAPoisonEventIsHeldAfterItsAttemptsAndDeliveredOnceReleased(t *testing.T) {
+	t.Parallel()
 	db, store := testkit.NewStorage(t, stepmysql.WithOutbox())
 	rcv := testkit.NewReceiver(t, testkit.ReceiverOptions{CompletionsOnly: true})
 	completions(t, store, "poison", 10)
@@ -89,6 +90,7 @@ func TestAPoisonEventIsHeldAfterItsAttemptsAndDeliveredOnceReleased(t *testing.T
 // An event older than MaxAge is held at its first failure, its attempts
 // unused.
 func TestAnEventOlderThanMaxAgeIsHeldAtItsNextFailure(t *testing.T) {
+	t.Parallel()
 	_, store := testkit.NewStorage(t, stepmysql.WithOutbox())
 	rcv := testkit.NewReceiver(t, testkit.ReceiverOptions{CompletionsOnly: true})
 	rcv.Refuse(http.StatusServiceUnavailable)
@@ -107,6 +109,7 @@ func TestAnEventOlderThanMaxAgeIsHeldAtItsNextFailure(t *testing.T) {
 // delivered over a window of many polls, and a resume delivers them all,
 // each once.
 func TestAPauseStopsEveryDispatcherAndAResumeDeliversEverything(t *testing.T) {
+	t.Parallel()
 	db, store := testkit.NewStorage(t, stepmysql.WithOutbox())
 	rcv := testkit.NewReceiver(t, testkit.ReceiverOptions{CompletionsOnly: true})
 	for range 2 {

@@ -13,6 +13,7 @@ import (
 // An event id depends on the type, the step and the enrollment, and on
 // nothing else: the same on every retry, different for anything else.
 func TestEventIDsAreStableAndDistinct(t *testing.T) {
+	t.Parallel()
 	a := events.ID(events.StepCompleted, 7, "E1")
 	if a != events.ID(events.StepCompleted, 7, "E1") || len(a) != 32 {
 		t.Fatalf("id %q is not stable, or not 32 hex digits", a)
@@ -38,6 +39,7 @@ func TestEventIDsAreStableAndDistinct(t *testing.T) {
 // workflow engine") documents: every field named as it says, results as
 // standard base64.
 func TestCompletedEventJSONIsTheDocumentedOne(t *testing.T) {
+	t.Parallel()
 	at := time.Date(2026, 11, 29, 12, 0, 0, 0, time.FixedZone("x", 3600))
 	r := &nanostorage.StepResult{IDs: []string{"E1"}, Commands: []nanostorage.StepCommandResult{
 		{CommandUUID: "U1", RequestType: "DeviceInformation", Completed: true, ResultReport: []byte("<plist/>")}}}

@@ -14,6 +14,7 @@ import (
 // Both binaries' sets carry stepcollect_build_info = 1 with this build's
 // version, commit and Go version, the values -version prints.
 func TestTheSetExportsBuildInfo(t *testing.T) {
+	t.Parallel()
 	s := metrics.New(nil, nil)
 	fams, err := s.Registry.Gather()
 	if err != nil {
@@ -43,6 +44,7 @@ func TestTheSetExportsBuildInfo(t *testing.T) {
 // RegisterDB exports the pool's go_sql_* statistics under db_name
 // stepcollect (read at scrape time: no connection is needed to gather).
 func TestRegisterDBExportsThePool(t *testing.T) {
+	t.Parallel()
 	db, err := sql.Open("mysql", "u:p@tcp(127.0.0.1:1)/x")
 	if err != nil {
 		t.Fatal(err)

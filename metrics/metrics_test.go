@@ -13,6 +13,7 @@ import (
 )
 
 func TestStorageMetricsCountWhatTheStorageReports(t *testing.T) {
+	t.Parallel()
 	reg := prometheus.NewPedanticRegistry()
 	m := metrics.NewStorage(reg)
 

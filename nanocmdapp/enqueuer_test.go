@@ -17,6 +17,7 @@ import (
 // NanoCMD v0.7.1's own enqueuer sent every request after the first 30 ids
 // with an empty body.
 func TestEveryEnqueueRequestCarriesTheCommand(t *testing.T) {
+	t.Parallel()
 	var mu sync.Mutex
 	var bodies []string
 	ids := 0

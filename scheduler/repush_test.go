@@ -122,6 +122,7 @@ func pushedIDs(t *testing.T, reqs []pushRequest) []string {
 // next run pushes none of them again. Enrollments pushed recently, not yet
 // sent (not_until) or that answered are not pushed.
 func TestUnansweredEnrollmentsAreRePushedInChunksOf30AndOnlyOnce(t *testing.T) {
+	t.Parallel()
 	b := setupRePush(t, http.StatusOK)
 	now := time.Now()
 	old := testkit.FanOut("old", 70, 1)
@@ -162,6 +163,7 @@ func TestUnansweredEnrollmentsAreRePushedInChunksOf30AndOnlyOnce(t *testing.T) {
 // redirect not followed), and the enrollments stay marked: they are pushed
 // again one interval later, not at every run.
 func TestARefusedPushIsCountedAndTheRedirectNotFollowed(t *testing.T) {
+	t.Parallel()
 	for _, status := range []int{http.StatusServiceUnavailable, http.StatusTemporaryRedirect} {
 		b := setupRePush(t, status)
 		b.storeAt(t, testkit.FanOut("old", 40, 1), time.Now().Add(-25*time.Hour))
@@ -187,6 +189,7 @@ func TestARefusedPushIsCountedAndTheRedirectNotFollowed(t *testing.T) {
 // On a database cmd/nanocmd marked, NanoCMD's engine worker re-pushes: the
 // scheduler claims nothing and pushes nothing.
 func TestNothingIsRePushedOnADatabaseNanoCMDOwns(t *testing.T) {
+	t.Parallel()
 	b := setupRePush(t, http.StatusOK)
 	b.storeAt(t, testkit.FanOut("old", 10, 1), time.Now().Add(-25*time.Hour))
 	if err := b.store.MarkScheduleOwnedByEngine(t.Context()); err != nil {
@@ -210,6 +213,7 @@ func TestNothingIsRePushedOnADatabaseNanoCMDOwns(t *testing.T) {
 
 // A push API that does not answer is counted as error, and the run ends.
 func TestAPushAPIThatIsDownIsCountedAsError(t *testing.T) {
+	t.Parallel()
 	srv := httptest.NewServer(http.NotFoundHandler())
 	srv.Close()
 	m := metrics.NewRePush(prometheus.NewRegistry())
@@ -231,6 +235,7 @@ func TestAPushAPIThatIsDownIsCountedAsError(t *testing.T) {
 // Enrollments a run claimed but had no time left to push are counted as
 // errors, not lost from the count.
 func TestIdsLeftWhenTheRunEndsAreCountedAsErrors(t *testing.T) {
+	t.Parallel()
 	api := newPushAPI(t, http.StatusOK)
 	m := metrics.NewRePush(prometheus.NewRegistry())
 	p := scheduler.NewPusher(api.URL+"/v1/push/", "k", m, zerolog.New(zerolog.NewTestWriter(t)))

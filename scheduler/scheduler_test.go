@@ -40,6 +40,7 @@ func scheduleTask(t *testing.T) *asynq.Task {
 // One run acts on both, at the same moment, and a failure of either is the
 // task's failure (asynq retries it), without keeping the other from running.
 func TestAScheduleRunActsOnDueAndTimedOutStepsAndReportsEitherFailure(t *testing.T) {
+	t.Parallel()
 	st := &fakeStore{due: 1, timedOut: 2}
 	s := scheduler.New(time.Second, st, nil, zerolog.Nop())
 	if err := s.ProcessTask(t.Context(), scheduleTask(t)); err != nil {
@@ -61,6 +62,7 @@ func TestAScheduleRunActsOnDueAndTimedOutStepsAndReportsEitherFailure(t *testing
 
 // A payload of an unknown version is refused without retry.
 func TestAScheduleTaskOfAnUnknownVersionIsNotRetried(t *testing.T) {
+	t.Parallel()
 	s := scheduler.New(time.Second, &fakeStore{}, nil, zerolog.Nop())
 	err := s.ProcessTask(t.Context(), asynq.NewTask(tasks.TypeSchedule, []byte(`{"v":99}`)))
 	if !errors.Is(err, asynq.SkipRetry) {
@@ -71,6 +73,7 @@ func TestAScheduleTaskOfAnUnknownVersionIsNotRetried(t *testing.T) {
 // On a database cmd/nanocmd owns, a run that the storage refused is not a
 // failure to retry: NanoCMD's engine worker acts on those steps.
 func TestARunOnADatabaseNanoCMDOwnsIsNotAFailure(t *testing.T) {
+	t.Parallel()
 	st := &fakeStore{dueErr: storage.ErrScheduleOwnedByEngine, toErr: storage.ErrScheduleOwnedByEngine}
 	s := scheduler.New(time.Second, st, nil, zerolog.Nop())
 	if err := s.ProcessTask(t.Context(), scheduleTask(t)); err != nil {

@@ -13,6 +13,7 @@ import (
 )
 
 func TestCollectPayloadRoundTripsWithItsVersion(t *testing.T) {
+	t.Parallel()
 	at := time.Date(2026, 11, 29, 10, 0, 0, 0, time.UTC)
 	task, _, err := tasks.NewCollectTask([]storage.ReleasedStep{{ID: 7, ObservedAt: at}, {ID: 9}})
 	if err != nil {
@@ -31,6 +32,7 @@ func TestCollectPayloadRoundTripsWithItsVersion(t *testing.T) {
 // first). Collect tasks have no TaskID: a duplicate must never be able to
 // reject the hand-off that carries a step's last release.
 func TestEnqueuerTreatsASlotConflictAsSuccessAndNeverDeduplicatesCollects(t *testing.T) {
+	t.Parallel()
 	rs := testkit.StartRedis(t)
 	opt, _ := asynq.ParseRedisURI(rs.URL)
 	var failures []string
@@ -61,6 +63,7 @@ func TestEnqueuerTreatsASlotConflictAsSuccessAndNeverDeduplicatesCollects(t *tes
 }
 
 func TestEnqueuerFailsFastWhileRedisIsDown(t *testing.T) {
+	t.Parallel()
 	rs := testkit.StartRedis(t)
 	opt, _ := asynq.ParseRedisURI(rs.URL)
 	var failures int
@@ -84,6 +87,7 @@ func TestEnqueuerFailsFastWhileRedisIsDown(t *testing.T) {
 // The queue's wire format is pinned: renaming a field anywhere must fail
 // here, not silently change what a worker of another build reads.
 func TestPayloadWireFormat(t *testing.T) {
+	t.Parallel()
 	at := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
 	task, _, err := tasks.NewCollectTask([]storage.ReleasedStep{{ID: 7, ObservedAt: at}})
 	if err != nil {

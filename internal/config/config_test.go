@@ -13,6 +13,7 @@ import (
 func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
 
 func TestTheEnvironmentSetsDefaultsAndAFlagWins(t *testing.T) {
+	t.Parallel()
 	s := config.New("t", env(map[string]string{"T_NAME": "from-env", "T_WAIT": "5s", "T_ON": "false", "T_N": "7"}))
 	name := s.String("name", "T_NAME", "default", "")
 	wait := s.Duration("wait", "T_WAIT", time.Second, "")
@@ -27,6 +28,7 @@ func TestTheEnvironmentSetsDefaultsAndAFlagWins(t *testing.T) {
 }
 
 func TestBadValuesAreOneLineNamingTheFlag(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		env  map[string]string
 		args []string
@@ -61,6 +63,7 @@ func TestBadValuesAreOneLineNamingTheFlag(t *testing.T) {
 }
 
 func TestADSNWithoutADatabaseIsRefused(t *testing.T) {
+	t.Parallel()
 	s := config.New("t", env(nil))
 	dsn := s.String("dsn", "T_DSN", "root@tcp(127.0.0.1:3306)/", "")
 	s.Check(config.MySQLDSN("dsn", dsn))
@@ -70,6 +73,7 @@ func TestADSNWithoutADatabaseIsRefused(t *testing.T) {
 }
 
 func TestSecretsTakeTheEnvironmentAndAFlagWins(t *testing.T) {
+	t.Parallel()
 	s := config.New("t", env(map[string]string{"T_KEY": "env-key", "T_OTHER": "env-other"}))
 	key := s.Secret("key", "T_KEY", "a key")
 	other := s.Secret("other", "T_OTHER", "another key")
@@ -83,6 +87,7 @@ func TestSecretsTakeTheEnvironmentAndAFlagWins(t *testing.T) {
 }
 
 func TestHelpShowsNoSecretFromTheEnvironment(t *testing.T) {
+	t.Parallel()
 	secrets := map[string]string{
 		"STEPCOLLECT_API_KEY":           "api-key-s3cret",
 		"STEPCOLLECT_WEBHOOK_HMAC_KEY":  "webhook-hmac-s3cret",
@@ -129,6 +134,7 @@ func TestHelpShowsNoSecretFromTheEnvironment(t *testing.T) {
 }
 
 func TestRedactDSNReplacesOnlyThePassword(t *testing.T) {
+	t.Parallel()
 	for in, want := range map[string]string{
 		"root@tcp(127.0.0.1:3306)/db?parseTime=true":    "root@tcp(127.0.0.1:3306)/db?parseTime=true",
 		"u:p@tcp(h:3306)/db":                            "u:xxxxx@tcp(h:3306)/db",

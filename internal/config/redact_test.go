@@ -11,6 +11,7 @@ import (
 // A refused URL or DSN is named by its flag, with its user information
 // (or the DSN's password) replaced by xxxxx: the refusal goes to logs.
 func TestRefusalsNameTheFlagButShowNoPassword(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		flag, value string
 		secrets     []string
@@ -49,6 +50,7 @@ func TestRefusalsNameTheFlagButShowNoPassword(t *testing.T) {
 }
 
 func TestRedactURLReplacesTheUserInformation(t *testing.T) {
+	t.Parallel()
 	for in, want := range map[string]string{
 		"redis://:pw@redis:6379/0":               "redis://:xxxxx@redis:6379/0",
 		"redis://default:pw@redis:6379/0":        "redis://xxxxx:xxxxx@redis:6379/0",
@@ -69,6 +71,7 @@ func TestRedactURLReplacesTheUserInformation(t *testing.T) {
 // RedactError keeps the error's identity and removes every form of the
 // secret an error may quote it in.
 func TestRedactErrorRemovesQuotedAndDecodedSecrets(t *testing.T) {
+	t.Parallel()
 	u := "http://cb%40user:p%2Fss@engine.example/cb"
 	base := errors.New(`Post "http://cb@user:***@engine.example/cb": user cb@user, password "p/ss" or p%2Fss`)
 	err := config.RedactError(base, u)

@@ -12,6 +12,7 @@ import (
 // DSN that names no database), and a binary that handles only -h prints
 // the version through Usage: the migrate tool does.
 func TestVersionAnswersBeforeAnyCheckAndUsageWritesIt(t *testing.T) {
+	t.Parallel()
 	s := config.New("migrate", env(map[string]string{"T_N": "many", "T_DSN": "root@tcp(db:3306)/"}))
 	s.Int("n", "T_N", 1, "")
 	dsn := s.DSN("mysql-dsn", "T_DSN", config.DefaultMySQLDSN, "")
@@ -42,6 +43,7 @@ func TestVersionAnswersBeforeAnyCheckAndUsageWritesIt(t *testing.T) {
 // container's environment must not turn the service into a probe), and
 // Lookup reads any flag's value after Parse.
 func TestASwitchIgnoresTheEnvironmentAndLookupReadsValues(t *testing.T) {
+	t.Parallel()
 	s := config.New("t", env(map[string]string{"probe": "true", "PROBE": "true", "T_LISTEN": "0.0.0.0:9100"}))
 	probe := s.Switch("probe", "probe and exit")
 	s.String("listen", "T_LISTEN", "127.0.0.1:1", "")

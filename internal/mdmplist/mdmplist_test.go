@@ -164,6 +164,7 @@ func readFile(name string) []byte {
 }
 
 func TestTopLevelStringsReadsValidPlists(t *testing.T) {
+	t.Parallel()
 	for _, tc := range valid() {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := mdmplist.TopLevelStrings(tc.data, mdmplist.DefaultLimits, tc.keys...)
@@ -180,6 +181,7 @@ func TestTopLevelStringsReadsValidPlists(t *testing.T) {
 // What micromdm/plist reads of the valid plists (all safe for it) is what
 // TopLevelStrings reads, binary ones included.
 func TestTopLevelStringsAgreesWithMicromdmPlist(t *testing.T) {
+	t.Parallel()
 	for _, tc := range valid() {
 		t.Run(tc.name, func(t *testing.T) {
 			want := map[string]any{}
@@ -201,6 +203,7 @@ func TestTopLevelStringsAgreesWithMicromdmPlist(t *testing.T) {
 }
 
 func TestXMLAndBinaryOfOneResultReadTheSame(t *testing.T) {
+	t.Parallel()
 	for _, v := range []map[string]any{
 		plisttest.Result("Error", "U-1", "D-1"),
 		plisttest.Result("NotNow", "U-2", "D-2"),
@@ -217,6 +220,7 @@ func TestXMLAndBinaryOfOneResultReadTheSame(t *testing.T) {
 // Every hostile plist is refused, with a one-line error saying why, and
 // at once.
 func TestTopLevelStringsRefusesHostilePlists(t *testing.T) {
+	t.Parallel()
 	for _, tc := range plisttest.Hostile() {
 		t.Run(tc.Name, func(t *testing.T) {
 			refusedQuickly(t, tc.Data, mdmplist.DefaultLimits, tc.Want)
@@ -243,6 +247,7 @@ func refusedQuickly(t *testing.T, data []byte, lim mdmplist.Limits, want string)
 }
 
 func TestTopLevelStringsRefusesHugeXML(t *testing.T) {
+	t.Parallel()
 	const body = 32 << 20 // the webhook's largest body
 	deepPrefix := `<plist><dict><key>Status</key><string>A</string><key>Deep</key>`
 	for _, tc := range []struct {
@@ -267,6 +272,7 @@ func TestTopLevelStringsRefusesHugeXML(t *testing.T) {
 // XML and binary count levels and elements alike: the same value passes
 // both at the same limits and fails both one below.
 func TestLimitsCountXMLAndBinaryAlike(t *testing.T) {
+	t.Parallel()
 	var deep any = "leaf"
 	for i := 0; i < 9; i++ {
 		deep = []any{deep, map[string]any{"k": 1}}
@@ -307,6 +313,7 @@ func TestLimitsCountXMLAndBinaryAlike(t *testing.T) {
 // A large real result, 3000 installed apps (about 2 MiB of XML), passes
 // well within the limits.
 func TestLargeResultPasses(t *testing.T) {
+	t.Parallel()
 	v := plisttest.InstalledApplicationList(3000, "U-apps", "D-1")
 	for name, doc := range map[string][]byte{"xml": []byte(plisttest.XMLDocument(v)), "binary": plisttest.Encode(v)} {
 		start := time.Now()
@@ -319,6 +326,7 @@ func TestLargeResultPasses(t *testing.T) {
 }
 
 func TestErrorsSayWhatIsWrong(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		data []byte
 		want string
@@ -340,6 +348,7 @@ func TestErrorsSayWhatIsWrong(t *testing.T) {
 // The hostile plists are kept as the fuzz target's corpus (the crashers of
 // micromdm/plist); `go test -run Corpus -update` rewrites them.
 func TestCorpusKeepsEveryHostilePlist(t *testing.T) {
+	t.Parallel()
 	dir := filepath.Join("testdata", "fuzz", "FuzzTopLevelStrings")
 	for _, tc := range plisttest.Hostile() {
 		file := filepath.Join(dir, tc.Name)

@@ -36,6 +36,7 @@ func completion(stepID int64, enrollment string) events.Event {
 // events, duplicates counted but not as distinct, and a wait that returns
 // when they are all in or when they stall.
 func TestReceiverCompletions(t *testing.T) {
+	t.Parallel()
 	r := NewReceiver(t, ReceiverOptions{})
 	post(t, r, completion(1, "A"))
 	post(t, r, completion(1, "A")) // a redelivery

@@ -10,6 +10,7 @@ import (
 // Two slots: a third taker waits until one is given back, and a slot held
 // by another process (flock is per open file, as across processes) counts.
 func TestADBSlotIsWaitedForUntilOneIsGivenBack(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	a := acquire(t, dir, 2)
 	b := acquire(t, dir, 2)

@@ -25,6 +25,7 @@ func buildInfo(mainVersion string, settings ...string) func() (*debug.BuildInfo,
 // What was stamped wins; without it, what the toolchain recorded; without
 // that, Release and "unknown".
 func TestStampedValuesWinAndTheToolchainsAreTheFallback(t *testing.T) {
+	t.Parallel()
 	const rev = "4f1c2d3e5a6b7c8d9e0f4f1c2d3e5a6b7c8d9e0f"
 	for _, c := range []struct {
 		name         string
@@ -97,6 +98,7 @@ var line = regexp.MustCompile(`^stepcollect (api|worker|migrate) (\S+) \(commit 
 // build time through -version, and exits 0 before reading anything else
 // (the DSN's database x does not exist, and no server is asked).
 func TestMakeBuildStampsEveryBinarysVersion(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("builds the binaries")
 	}
@@ -156,6 +158,7 @@ func TestMakeBuildStampsEveryBinarysVersion(t *testing.T) {
 // recorded (-buildvcs=true: this machine's GOFLAGS turns the recording off
 // by default).
 func TestAnUnstampedBuildSaysWhatTheToolchainRecorded(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("builds a binary")
 	}

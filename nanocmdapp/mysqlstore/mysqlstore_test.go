@@ -31,6 +31,7 @@ func setup(t *testing.T) *testkit.DB {
 
 // NanoCMD's own behavioural suites pass on the MySQL backends.
 func TestNanoCMDsStorageSuitesPass(t *testing.T) {
+	t.Parallel()
 	db := setup(t)
 	t.Run("profile", func(t *testing.T) {
 		proftest.TestProfileStorage(t, func() (profstorage.Storage, error) { return mysqlstore.NewProfiles(db.DB), nil })
@@ -46,6 +47,7 @@ func TestNanoCMDsStorageSuitesPass(t *testing.T) {
 // A profile stored again replaces the first, on MariaDB as on MySQL (no
 // `INSERT … AS new`, which MariaDB refuses with 1064).
 func TestAProfileStoredTwiceIsReplaced(t *testing.T) {
+	t.Parallel()
 	db := setup(t)
 	s := mysqlstore.NewProfiles(db.DB)
 	ctx := t.Context()
@@ -69,6 +71,7 @@ func TestAProfileStoredTwiceIsReplaced(t *testing.T) {
 // A database NanoCMD v0.7.1 made (its schema.sql loaded by hand, a profile
 // stored by it) keeps its profiles: Migrate adopts the table as it is.
 func TestANanoCMDDatabasesProfilesCarryOver(t *testing.T) {
+	t.Parallel()
 	db := testkit.NewDB(t, &testkit.DBOptions{Empty: true})
 	ctx := t.Context()
 	for _, q := range []string{
@@ -95,6 +98,7 @@ func TestANanoCMDDatabasesProfilesCarryOver(t *testing.T) {
 // at once (two replicas) all survive: each merge reads and writes under
 // the row's lock. With a read outside the lock, most are lost.
 func TestConcurrentInventoryMergesFromTwoReplicasLoseNothing(t *testing.T) {
+	t.Parallel()
 	db := setup(t)
 	other, err := stepmysql.OpenDB(db.DSN)
 	if err != nil {
@@ -133,6 +137,7 @@ func TestConcurrentInventoryMergesFromTwoReplicasLoseNothing(t *testing.T) {
 // Replicas starting at the same moment, and a restart after them, all use
 // one keypair: the one the first insert stored.
 func TestEveryReplicaAndRestartUsesTheSameFileVaultKeypair(t *testing.T) {
+	t.Parallel()
 	db := setup(t)
 	inv := mysqlstore.NewInventory(db.DB)
 	const replicas = 4

@@ -28,6 +28,7 @@ func requireRealConcurrency(t *testing.T, b *bundle) {
 }
 
 func TestFanOutOf300AllReportingAtOnceCommitsEveryResultAndLeavesNothing(t *testing.T) {
+	t.Parallel()
 	b := setup(t, nil)
 	ctx := t.Context()
 	const n = 300
@@ -75,6 +76,7 @@ func TestFanOutOf300AllReportingAtOnceCommitsEveryResultAndLeavesNothing(t *test
 // claimed in shared transactions, not one each. Every step is still
 // collected before its last result returns.
 func TestConcurrentReleasesAreCheckedAndCollectedInGroups(t *testing.T) {
+	t.Parallel()
 	const n = 300
 	t.Run("one step to all", func(t *testing.T) {
 		b := setup(t, nil)
@@ -134,6 +136,7 @@ func (c *atomicCount) add()   { c.mu.Lock(); c.v++; c.mu.Unlock() }
 func (c *atomicCount) n() int { c.mu.Lock(); defer c.mu.Unlock(); return c.v }
 
 func TestNotUntilStepCompletesWithItsRawCommandsStillPresent(t *testing.T) {
+	t.Parallel()
 	b := setup(t, nil)
 	ctx := t.Context()
 	step := testkit.FanOut("notuntil", 2, 3)
@@ -168,6 +171,7 @@ func TestNotUntilStepCompletesWithItsRawCommandsStillPresent(t *testing.T) {
 // does not produce: it proves the storage decides completion from rows it
 // holds rather than relying on its caller to serialise.
 func TestOneEnrollmentAnsweringItsFourCommandsConcurrentlyCompletesOnce(t *testing.T) {
+	t.Parallel()
 	b := setup(t, nil)
 	ctx := t.Context()
 	const enrollments, cmds = 40, 4
@@ -221,6 +225,7 @@ func TestOneEnrollmentAnsweringItsFourCommandsConcurrentlyCompletesOnce(t *testi
 }
 
 func TestTwentyCancelsRacingFiftyCompletionsOfASharedStep(t *testing.T) {
+	t.Parallel()
 	b := setup(t, nil)
 	ctx := t.Context()
 	const cancels, completes = 20, 50
@@ -274,6 +279,7 @@ func TestTwentyCancelsRacingFiftyCompletionsOfASharedStep(t *testing.T) {
 // completed or timed out, with nothing left behind and no error but "this
 // command is gone" for a result that lost.
 func TestTimeoutSweepRacingCompletionsReportsEachEnrollmentOnce(t *testing.T) {
+	t.Parallel()
 	b := setup(t, nil)
 	ctx := t.Context()
 	const n, sweepers = 200, 3
@@ -364,6 +370,7 @@ func (f *failingSink) StepsReleased(_ context.Context, steps []storage.ReleasedS
 }
 
 func TestCrashBetweenCommitAndCollectionLeavesAStepALaterCollectReclaims(t *testing.T) {
+	t.Parallel()
 	sink := &failingSink{}
 	b := setup(t, &setupOpts{sink: sink})
 	ctx := t.Context()
@@ -412,6 +419,7 @@ func TestCrashBetweenCommitAndCollectionLeavesAStepALaterCollectReclaims(t *test
 // Holding every row the reporting enrollment does not own, and the shared
 // steps row itself, must not delay its completion at all.
 func TestCompletionLocksOnlyTheReportingEnrollmentsRows(t *testing.T) {
+	t.Parallel()
 	b := setup(t, nil)
 	ctx := t.Context()
 	step := testkit.FanOut("ownrows", 3, 2)
@@ -442,6 +450,7 @@ func TestCompletionLocksOnlyTheReportingEnrollmentsRows(t *testing.T) {
 }
 
 func TestLockWaitTimeoutIsRetriedNotSurfaced(t *testing.T) {
+	t.Parallel()
 	db := testkit.NewDB(t, &testkit.DBOptions{LockWaitTimeout: 1})
 	b := setup(t, &setupOpts{db: db})
 	ctx := t.Context()

@@ -17,6 +17,7 @@ import (
 // whose own claims (RetrieveStepsToEnqueue, RetrieveTimedOutSteps) still
 // get them. A second storage (another process: cmd/worker) sees the mark.
 func TestTheSchedulerClaimsNothingOnADatabaseNanoCMDsEngineOwns(t *testing.T) {
+	t.Parallel()
 	b := setup(t, &setupOpts{extra: []mysql.Option{mysql.WithOutbox()}})
 	ctx := t.Context()
 	due := testkit.FanOut("due", 2, 1)

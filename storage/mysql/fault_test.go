@@ -237,6 +237,7 @@ func setupFaulty(t *testing.T, extra ...stepmysql.Option) (*bundle, *faultConnec
 }
 
 func TestConnectionKilledMidTransactionIsRetriedAndTheResultCommitted(t *testing.T) {
+	t.Parallel()
 	b, fc := setupFaulty(t)
 	ctx := t.Context()
 	step := b.stored(t, "killed", 2, 1)
@@ -265,6 +266,7 @@ func TestConnectionKilledMidTransactionIsRetriedAndTheResultCommitted(t *testing
 // so returns the completed step it had built, not "unknown command": the
 // result is committed and the caller must get it.
 func TestLostCommitAnswerOnTheCompletingResultStillReturnsTheStep(t *testing.T) {
+	t.Parallel()
 	b, fc := setupFaulty(t, stepmysql.WithOutbox())
 	ctx := t.Context()
 	step := b.stored(t, "lostcommit", 1, 2)

@@ -23,6 +23,7 @@ func (r *releaseGroups) formingLen() int {
 // release's commit): it waits for the next run, which carries every release
 // that arrived meanwhile, in one run. A step released twice is checked once.
 func TestReleasesArrivingDuringARunWaitForTheNextOneAndShareIt(t *testing.T) {
+	t.Parallel()
 	r := newReleaseGroups()
 	var mu sync.Mutex
 	var runs [][]int64
@@ -78,6 +79,7 @@ func TestReleasesArrivingDuringARunWaitForTheNextOneAndShareIt(t *testing.T) {
 // The member that runs a group does so for all of its members: its own
 // context ending does not cancel the run.
 func TestAGroupsRunOutlivesTheContextOfTheMemberRunningIt(t *testing.T) {
+	t.Parallel()
 	r := newReleaseGroups()
 	ctx, cancel := context.WithCancel(context.Background())
 	var runErr error

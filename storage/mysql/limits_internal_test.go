@@ -16,6 +16,7 @@ import (
 // what its INSERT then carries, whatever its names hold: quotes,
 // backslashes, HTML characters, control bytes, non-ASCII, invalid UTF-8.
 func TestAnEventsSizeBoundIsNeverBelowItsEscapedJSON(t *testing.T) {
+	t.Parallel()
 	nasty := []string{"", "plain", `q"uo\te`, "<&>'", "tab\tnew\nline\x00\x1a", "é—☃\u2028", "\xff\xfe", strings.Repeat(`"`, 255)}
 	at := time.Date(2038, 1, 19, 3, 14, 7, 999999999, time.UTC)
 	for _, name := range nasty {

@@ -51,6 +51,8 @@ func fortyMiBStep(t testing.TB, b *bundle, prefix string, n int) *nanostorage.St
 // stored before it: with 38 MiB stored, the 39th 1 MiB result's call
 // allocates a few MiB (its own statement), not the 38 MiB again.
 func TestANonFinalResultDoesNotReadTheResultsStoredBeforeIt(t *testing.T) {
+	// not parallel: it reads the process's allocation counters, which
+	// parallel tests would add to (Go runs it before the parallel ones)
 	b := setup(t, nil)
 	step := fortyMiBStep(t, b, "mem", 38)
 	var err error

@@ -9,6 +9,7 @@ import (
 )
 
 func TestMigrateFromManyProcessesAtOnceAppliesOnce(t *testing.T) {
+	t.Parallel()
 	db := testkit.NewDB(t, &testkit.DBOptions{Empty: true})
 	const procs = 8
 	errs := make([]error, procs)

@@ -11,6 +11,7 @@ import (
 
 // NanoCMD's own behavioural suite, on a database this package migrated.
 func TestNanoCMDSuiteOnFreshDatabase(t *testing.T) {
+	t.Parallel()
 	b := setup(t, nil)
 	nanotest.TestEngineStorage(t, func() nanostorage.AllStorage { return b.store })
 }
@@ -18,6 +19,7 @@ func TestNanoCMDSuiteOnFreshDatabase(t *testing.T) {
 // The same suite on a database NanoCMD v0.7.1 made with its schema.sql,
 // then migrated by us: adopting an existing NanoCMD database must work.
 func TestNanoCMDSuiteOnNanoCMDMadeDatabase(t *testing.T) {
+	t.Parallel()
 	db := testkit.NewDB(t, &testkit.DBOptions{Empty: true})
 	loadNanoCMDSchema(t, db.DB)
 	b := setup(t, &setupOpts{db: db, migrate: true})
@@ -27,6 +29,7 @@ func TestNanoCMDSuiteOnNanoCMDMadeDatabase(t *testing.T) {
 // The suite's two smaller entry points, also on their own, as NanoCMD's
 // backends each run them.
 func TestNanoCMDEventAndStatusSuites(t *testing.T) {
+	t.Parallel()
 	b := setup(t, nil)
 	nanotest.TestEventStorage(t, b.store)
 	nanotest.TestEventStatusStorage(t, t.Context(), b.store)

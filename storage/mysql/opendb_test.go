@@ -11,6 +11,7 @@ import (
 
 // OpenDB's sessions run at READ COMMITTED without a per-transaction SET.
 func TestOpenDBSessionsAreReadCommitted(t *testing.T) {
+	t.Parallel()
 	tdb := testkit.NewDB(t, nil)
 	db, err := mysql.OpenDB(tdb.DSN)
 	if err != nil {
@@ -33,6 +34,7 @@ func TestOpenDBSessionsAreReadCommitted(t *testing.T) {
 // default keeps 2 idle, so every burst of concurrent results opened (and
 // then closed) a connection for each result but two.
 func TestOpenDBKeepsItsConnectionsBetweenBursts(t *testing.T) {
+	t.Parallel()
 	tdb := testkit.NewDB(t, nil)
 	db, err := mysql.OpenDB(tdb.DSN)
 	if err != nil {
@@ -63,6 +65,7 @@ func TestOpenDBKeepsItsConnectionsBetweenBursts(t *testing.T) {
 // digits, whatever the caller's time holds: what the server takes as a
 // time (see TestSchedulerClaimsLockOnlyTheStepsThatAreDue).
 func TestOpenDBSendsTimesInMicroseconds(t *testing.T) {
+	t.Parallel()
 	tdb := testkit.NewDB(t, nil)
 	db, err := mysql.OpenDB(tdb.DSN)
 	if err != nil {

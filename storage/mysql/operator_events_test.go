@@ -49,6 +49,7 @@ func (b *bundle) entry(t *testing.T, eventID string) storage.OutboxEntry {
 // A held event is never claimed again, is listed as held with its last
 // error, and a release makes it pending and due with its count restarted.
 func TestAHeldEventWaitsForItsReleaseAndThenStartsAfresh(t *testing.T) {
+	t.Parallel()
 	b := setup(t, &setupOpts{extra: []mysql.Option{mysql.WithOutbox()}})
 	ctx := t.Context()
 	b.written(t, "hold", 1)
@@ -93,6 +94,7 @@ func TestAHeldEventWaitsForItsReleaseAndThenStartsAfresh(t *testing.T) {
 // "Deliver now" ends a backoff; a delivery in flight is left alone, so
 // the event is not posted twice at once; an unknown id is named.
 func TestDeliverNowEndsABackoffButNotADeliveryInFlight(t *testing.T) {
+	t.Parallel()
 	b := setup(t, &setupOpts{extra: []mysql.Option{mysql.WithOutbox()}})
 	ctx := t.Context()
 	b.written(t, "now", 1)
@@ -129,6 +131,7 @@ func TestDeliverNowEndsABackoffButNotADeliveryInFlight(t *testing.T) {
 // Paging with any page size returns every event of a state exactly once,
 // oldest first, and the states partition the outbox.
 func TestListingEventsPagesEveryEventOnceOldestFirst(t *testing.T) {
+	t.Parallel()
 	b := setup(t, &setupOpts{extra: []mysql.Option{mysql.WithOutbox()}})
 	ctx := t.Context()
 	b.written(t, "page", 60)
@@ -184,6 +187,7 @@ func TestListingEventsPagesEveryEventOnceOldestFirst(t *testing.T) {
 // A pause stops every claim (batched and by key) until resumed; "since"
 // moves only when the state changes; the gauges show it.
 func TestAPausedDeliveryClaimsNothingUntilResumed(t *testing.T) {
+	t.Parallel()
 	b := setup(t, &setupOpts{extra: []mysql.Option{mysql.WithOutbox()}})
 	ctx := t.Context()
 	st, err := b.store.DeliveryState(ctx)
@@ -219,6 +223,7 @@ func TestAPausedDeliveryClaimsNothingUntilResumed(t *testing.T) {
 // The claim reads through outbox_held_at, so thousands of held events at
 // the head of the outbox cost it nothing: the rows it reads stay a handful.
 func TestTheClaimDoesNotReadHeldEvents(t *testing.T) {
+	t.Parallel()
 	b := setup(t, &setupOpts{extra: []mysql.Option{mysql.WithOutbox()}})
 	ctx := context.Background()
 	const held = 3000
@@ -284,6 +289,7 @@ func TestTheClaimDoesNotReadHeldEvents(t *testing.T) {
 // the claims that read "running" to commit. Once a pause has answered, no
 // claim that saw delivery running is still open.
 func TestAClaimWaitsForAPauseBeingCommittedAndHonoursIt(t *testing.T) {
+	t.Parallel()
 	b := setup(t, &setupOpts{extra: []mysql.Option{mysql.WithOutbox()}})
 	ctx := t.Context()
 	b.written(t, "race", 3)

@@ -15,6 +15,7 @@ import (
 )
 
 func TestListStepsOldestFirstPagedFilteredWithCounts(t *testing.T) {
+	t.Parallel()
 	b := setup(t, nil)
 	ctx := t.Context()
 	a := b.stored(t, "lista", 3, 2)
@@ -90,6 +91,7 @@ func TestListStepsOldestFirstPagedFilteredWithCounts(t *testing.T) {
 // given (MariaDB's and MySQL's EXPLAIN both say type ALL for a full scan),
 // and a cancel's delete of 100 enrollments goes by PRIMARY.
 func TestOperatorQueriesReadThroughIndexes(t *testing.T) {
+	t.Parallel()
 	b := setup(t, nil)
 	ctx := t.Context()
 	for i := range 30 {
@@ -158,6 +160,7 @@ FROM steps s WHERE 1 = 1` + where + ` ORDER BY s.created_at, s.id LIMIT 11`
 }
 
 func TestStepOutstandingPagesTheEnrollmentsNotDone(t *testing.T) {
+	t.Parallel()
 	b := setup(t, nil)
 	ctx := t.Context()
 	step := b.stored(t, "outst", 5, 1)
@@ -199,6 +202,7 @@ func stepIDOf(t *testing.T, b *bundle, step *nanostorage.StepEnqueuingWithConfig
 // every enrollment still holding it, a partly answered one included, and
 // collected; no event is written; a second cancel finds nothing (404).
 func TestCancelStepCancelsEveryEnrollmentInBatchesAndCollects(t *testing.T) {
+	t.Parallel()
 	b := setup(t, nil)
 	ctx := t.Context()
 	step := b.stored(t, "cancelbig", 2500, 2)
@@ -237,6 +241,7 @@ func TestCancelStepCancelsEveryEnrollmentInBatchesAndCollects(t *testing.T) {
 }
 
 func TestCancelWorkflowInstanceCancelsItsStepsOnly(t *testing.T) {
+	t.Parallel()
 	b := setup(t, nil)
 	ctx := t.Context()
 	x := b.stored(t, "wfx", 3, 1)

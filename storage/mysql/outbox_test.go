@@ -42,6 +42,7 @@ func outboxEvents(t *testing.T, b *bundle) map[string]events.Event {
 }
 
 func TestEveryCompletionWritesExactlyOneEventWithItsResults(t *testing.T) {
+	t.Parallel()
 	b := setup(t, &setupOpts{extra: []mysql.Option{mysql.WithOutbox()}})
 	ctx := t.Context()
 	step := testkit.FanOut("outbox", 200, 2)
@@ -82,6 +83,7 @@ func TestEveryCompletionWritesExactlyOneEventWithItsResults(t *testing.T) {
 // A lost COMMIT answer on the completing result: the retry returns the
 // step, and the outbox holds its event once, not twice.
 func TestLostCommitAnswerStillWritesOneEvent(t *testing.T) {
+	t.Parallel()
 	b, fc := setupFaulty(t)
 	b = setup(t, &setupOpts{db: b.db, extra: []mysql.Option{mysql.WithOutbox()}})
 	ctx := t.Context()
@@ -100,6 +102,7 @@ func TestLostCommitAnswerStillWritesOneEvent(t *testing.T) {
 }
 
 func TestTimeOutStepsWritesOneEventPerEnrollmentAsItStood(t *testing.T) {
+	t.Parallel()
 	b := setup(t, &setupOpts{extra: []mysql.Option{mysql.WithOutbox()}})
 	ctx := t.Context()
 	step := testkit.FanOut("tmo", 3, 2)
@@ -146,6 +149,7 @@ func TestTimeOutStepsWritesOneEventPerEnrollmentAsItStood(t *testing.T) {
 }
 
 func TestSendDueStepsWritesOneEventPerStepWithItsRawCommands(t *testing.T) {
+	t.Parallel()
 	b := setup(t, &setupOpts{extra: []mysql.Option{mysql.WithOutbox()}})
 	ctx := t.Context()
 	step := testkit.FanOut("due", 4, 2)
@@ -185,6 +189,7 @@ func TestSendDueStepsWritesOneEventPerStepWithItsRawCommands(t *testing.T) {
 // nobody else until its lease lapses (a failed try's backoff ends); once
 // acknowledged it is gone.
 func TestClaimDueEventsIsExclusiveUntilItsLeaseRunsOut(t *testing.T) {
+	t.Parallel()
 	b := setup(t, &setupOpts{extra: []mysql.Option{mysql.WithOutbox()}})
 	ctx := t.Context()
 	step := testkit.FanOut("claim", 1, 1)

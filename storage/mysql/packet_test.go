@@ -54,6 +54,7 @@ func outboxCount(t *testing.T, b *bundle, typ string) int {
 // over the limit is refused (413) and leaves every row as it was; a
 // smaller one then completes the step and its event is written.
 func TestAResultWhoseEventWouldNotFitIsRefusedBeforeAnythingIsCommitted(t *testing.T) {
+	t.Parallel()
 	const packet = 1 << 20
 	b := setup(t, &setupOpts{extra: []mysql.Option{mysql.WithOutbox(), mysql.WithMaxPacket(packet)}})
 	ctx := t.Context()
@@ -91,6 +92,7 @@ func TestAResultWhoseEventWouldNotFitIsRefusedBeforeAnythingIsCommitted(t *testi
 // anything is written, and an 11 MiB one is accepted with its event
 // written, whole.
 func TestAThirteenMiBResultIsRefusedAndAnElevenMiBOneBecomesItsEvent(t *testing.T) {
+	t.Parallel()
 	b := setup(t, &setupOpts{extra: []mysql.Option{mysql.WithOutbox()}})
 	ctx := t.Context()
 	if got, want := b.store.MaxPacket(), serverMaxPacket(t, b.db.DB); got != want {
@@ -128,6 +130,7 @@ func TestAThirteenMiBResultIsRefusedAndAnElevenMiBOneBecomesItsEvent(t *testing.
 // A NotUntil step whose step.due could not be written is refused at
 // enqueue (413 naming the limit), and nothing is stored.
 func TestAStepWhoseDueEventWouldNotFitIsRefusedAtEnqueue(t *testing.T) {
+	t.Parallel()
 	b := setup(t, &setupOpts{extra: []mysql.Option{mysql.WithOutbox()}})
 	step := testkit.FanOut("due-big", 2, 2)
 	step.NotUntil = time.Now().Add(-time.Minute)
@@ -197,6 +200,7 @@ func requireSetAside(t *testing.T, b *bundle, logs *logBuffer, stepID int64, typ
 // over a 16 MiB packet) is set aside, and the small due step behind it is
 // sent: its step.due is in the outbox. Run again, nothing fails.
 func TestATooLargeDueStepIsSetAsideAndTheStepBehindItIsSent(t *testing.T) {
+	t.Parallel()
 	logs := &logBuffer{}
 	b := setup(t, &setupOpts{extra: []mysql.Option{mysql.WithOutbox(), mysql.WithLogger(zerolog.New(logs))}})
 	ctx := t.Context()
@@ -236,6 +240,7 @@ func TestATooLargeDueStepIsSetAsideAndTheStepBehindItIsSent(t *testing.T) {
 // (two 7 MiB results as they stood) the server cannot take is set aside,
 // and the small timed-out step behind it is reported.
 func TestATooLargeTimedOutStepIsSetAsideAndTheStepBehindItTimesOut(t *testing.T) {
+	t.Parallel()
 	logs := &logBuffer{}
 	b := setup(t, &setupOpts{extra: []mysql.Option{mysql.WithOutbox(), mysql.WithLogger(zerolog.New(logs))}})
 	ctx := t.Context()

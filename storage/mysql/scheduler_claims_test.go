@@ -28,6 +28,7 @@ import (
 // another transaction claims the steps that are not due, as a collector
 // does: every one of them must be free.
 func TestSchedulerClaimsLockOnlyTheStepsThatAreDue(t *testing.T) {
+	t.Parallel()
 	// A time with nanoseconds, as time.Now() gives on Linux.
 	now := time.Now().Truncate(time.Second).Add(123456789 * time.Nanosecond)
 	cases := []struct {

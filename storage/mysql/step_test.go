@@ -17,6 +17,7 @@ import (
 )
 
 func TestStoreStepConflictNamesTheEnrollmentAndCommandAndWritesNothing(t *testing.T) {
+	t.Parallel()
 	b := setup(t, nil)
 	ctx := t.Context()
 	first := b.stored(t, "conflict", 3, 1)
@@ -41,6 +42,7 @@ func TestStoreStepConflictNamesTheEnrollmentAndCommandAndWritesNothing(t *testin
 }
 
 func TestStoreStepRejectsBadInputNamingTheField(t *testing.T) {
+	t.Parallel()
 	b := setup(t, nil)
 	ctx := t.Context()
 	long := strings.Repeat("x", 256)
@@ -86,6 +88,7 @@ func TestStoreStepRejectsBadInputNamingTheField(t *testing.T) {
 // in exactly one place, right after creating their own new steps row. This
 // reads the package's source to keep it that way.
 func TestIDCommandsAreInsertedOnlyWithTheirOwnNewStep(t *testing.T) {
+	t.Parallel()
 	fset := token.NewFileSet()
 	files, err := filepath.Glob("*.go")
 	if err != nil {
@@ -155,6 +158,7 @@ func mysqlQueriesSource(t *testing.T) string {
 // Behaviourally: storing the same enrollments and UUIDs again after a step
 // was collected makes a new step; it never revives the old one.
 func TestStoringAgainAfterCollectionMakesANewStep(t *testing.T) {
+	t.Parallel()
 	b := setup(t, nil)
 	ctx := t.Context()
 	step := testkit.FanOut("again", 2, 1)
@@ -183,6 +187,7 @@ func TestStoringAgainAfterCollectionMakesANewStep(t *testing.T) {
 // Times outside what the TIMESTAMP columns hold are the caller's mistake,
 // named as such (a 400), never a storage failure to retry (a 503).
 func TestStoreStepRefusesUnstorableTimesNamingTheField(t *testing.T) {
+	t.Parallel()
 	b := setup(t, nil)
 	ctx := t.Context()
 	for _, tc := range []struct {
@@ -206,6 +211,7 @@ func TestStoreStepRefusesUnstorableTimesNamingTheField(t *testing.T) {
 }
 
 func TestStepStatusCountsOutstandingEnrollmentsUntilCollected(t *testing.T) {
+	t.Parallel()
 	b := setup(t, nil)
 	ctx := t.Context()
 	step := testkit.FanOut("status", 3, 2)

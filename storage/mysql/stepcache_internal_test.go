@@ -8,6 +8,7 @@ import (
 )
 
 func TestStepCacheEvictsTheLeastRecentlyUsedAndHandsOutCopies(t *testing.T) {
+	t.Parallel()
 	c := newStepCache(2, time.Hour)
 	c.put(1, nanostorage.StepContext{WorkflowName: "one", Context: []byte("ctx")})
 	c.put(2, nanostorage.StepContext{WorkflowName: "two"})
@@ -33,6 +34,7 @@ func TestStepCacheEvictsTheLeastRecentlyUsedAndHandsOutCopies(t *testing.T) {
 }
 
 func TestStepCacheEntriesExpire(t *testing.T) {
+	t.Parallel()
 	c := newStepCache(10, time.Millisecond)
 	c.put(1, nanostorage.StepContext{WorkflowName: "one"})
 	time.Sleep(5 * time.Millisecond)

@@ -11,6 +11,7 @@ import (
 // (1000) times out over several short transactions: every enrollment is
 // reported once, and the step goes with the last of them.
 func TestALargeStepTimesOutInBoundedTransactions(t *testing.T) {
+	t.Parallel()
 	b := setup(t, nil)
 	ctx := t.Context()
 	step := testkit.FanOut("bigtimeout", 2500, 2)
@@ -40,6 +41,7 @@ func TestALargeStepTimesOutInBoundedTransactions(t *testing.T) {
 // A step delayed by NotUntil and then sent is an ordinary step: it must
 // still time out (NanoCMD's process_id marker kept it from ever doing so).
 func TestNotUntilStepStillTimesOutAfterItWasSent(t *testing.T) {
+	t.Parallel()
 	b := setup(t, nil)
 	ctx := t.Context()
 	step := testkit.FanOut("nu-timeout", 2, 1)

@@ -33,6 +33,7 @@ func countOutbox(t *testing.T, db *sql.DB) int {
 // A deadlock at the end of a timeout transaction rolls it back; the retry
 // must report each enrollment once, not once per try.
 func TestARetriedTimeoutReportsEachEnrollmentOnce(t *testing.T) {
+	t.Parallel()
 	b, fc := setupFaulty(t)
 	ctx := t.Context()
 	step := testkit.FanOut("timeoutretry", 2, 1)
@@ -66,6 +67,7 @@ func TestARetriedTimeoutReportsEachEnrollmentOnce(t *testing.T) {
 // The same for the service's TimeOutSteps: its count matches the outbox,
 // and the dispatcher's claim finds each event once.
 func TestARetriedTimeoutWritesEachEventOnce(t *testing.T) {
+	t.Parallel()
 	b, fc := setupFaulty(t, stepmysql.WithOutbox())
 	ctx := t.Context()
 	step := testkit.FanOut("timeoutevents", 2, 1)
@@ -93,6 +95,7 @@ func TestARetriedTimeoutWritesEachEventOnce(t *testing.T) {
 // An event insert that fails (for good) leaves nothing to deliver, and the
 // step is sent, once, when the fault is gone.
 func TestAFailedDueEventLeavesNothingToDeliver(t *testing.T) {
+	t.Parallel()
 	b, fc := setupFaulty(t, stepmysql.WithOutbox())
 	ctx := t.Context()
 	step := testkit.FanOut("duefail", 2, 1)
@@ -118,6 +121,7 @@ func TestAFailedDueEventLeavesNothingToDeliver(t *testing.T) {
 
 // A deadlock in a due-steps batch: the retry returns each step once.
 func TestARetriedDueBatchReturnsEachStepOnce(t *testing.T) {
+	t.Parallel()
 	b, fc := setupFaulty(t)
 	ctx := t.Context()
 	for _, p := range []string{"dueretry-a", "dueretry-b"} {
@@ -169,6 +173,7 @@ func assertClaimsOnce(t *testing.T, b *bundle, want int) {
 // not report a completed step (the webhook would answer completed_step
 // with nothing in the outbox).
 func TestALostCommitAnswerWithTheRowsCancelledMeanwhileIsNoCompletion(t *testing.T) {
+	t.Parallel()
 	b, fc := setupFaulty(t, stepmysql.WithOutbox())
 	ctx := t.Context()
 	step := b.stored(t, "lostcancel", 1, 1)
@@ -200,6 +205,7 @@ func TestALostCommitAnswerWithTheRowsCancelledMeanwhileIsNoCompletion(t *testing
 // killed) means "not committed": it is retried as such, and rows deleted
 // meanwhile by a cancel are never taken as its success.
 func TestAServerErrorReplyToCommitIsNotAnAmbiguousCommit(t *testing.T) {
+	t.Parallel()
 	for _, code := range []uint16{1927, 1053, 1317} {
 		t.Run(strconv.Itoa(int(code)), func(t *testing.T) {
 			// without the outbox: only the reply itself can tell
@@ -228,6 +234,7 @@ func TestAServerErrorReplyToCommitIsNotAnAmbiguousCommit(t *testing.T) {
 // Without the outbox nothing in the database can prove a lost COMMIT went
 // through: the caller gets an error saying so, never a guess.
 func TestALostCommitAnswerWithoutTheOutboxIsAnErrorNotAGuess(t *testing.T) {
+	t.Parallel()
 	b, fc := setupFaulty(t)
 	ctx := t.Context()
 	step := b.stored(t, "lostlib", 1, 1)
@@ -249,6 +256,7 @@ func TestALostCommitAnswerWithoutTheOutboxIsAnErrorNotAGuess(t *testing.T) {
 // StoreStep's COMMIT went through but its answer was lost: the retry must
 // find its own step and return its id, not meet its own rows as a 409.
 func TestStoreStepAfterALostCommitAnswerReturnsItsStep(t *testing.T) {
+	t.Parallel()
 	b, fc := setupFaulty(t)
 	ctx := t.Context()
 	step := testkit.FanOut("storelost", 3, 2)
@@ -272,6 +280,7 @@ func TestStoreStepAfterALostCommitAnswerReturnsItsStep(t *testing.T) {
 // And when that COMMIT never reached the server, the retry stores the step
 // once.
 func TestStoreStepAfterADroppedCommitStoresItOnce(t *testing.T) {
+	t.Parallel()
 	b, fc := setupFaulty(t)
 	ctx := t.Context()
 	step := testkit.FanOut("storedropped", 3, 2)
@@ -293,6 +302,7 @@ func TestStoreStepAfterADroppedCommitStoresItOnce(t *testing.T) {
 // do, and lets it go without deleting it). It must still be collected
 // once the lock is gone, not counted "claimed elsewhere" and left.
 func TestASkippedClaimIsCheckedAgainUntilTheStepIsGone(t *testing.T) {
+	t.Parallel()
 	b := setup(t, nil)
 	ctx := t.Context()
 	step := testkit.FanOut("skipped", 1, 1)
@@ -330,6 +340,7 @@ func TestASkippedClaimIsCheckedAgainUntilTheStepIsGone(t *testing.T) {
 // A lock held for longer than the retries: the step is reported as not
 // collected (ErrClaimSkipped, for the caller to try again), never as done.
 func TestAClaimSkippedForLongIsReportedNotDropped(t *testing.T) {
+	t.Parallel()
 	b := setup(t, nil)
 	ctx := t.Context()
 	step := testkit.FanOut("heldlong", 1, 1)

@@ -13,6 +13,7 @@ import (
 )
 
 func TestRetryReasonClassifiesWhatIsWorthRetrying(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		err  error
 		want string
@@ -39,6 +40,7 @@ func TestRetryReasonClassifiesWhatIsWorthRetrying(t *testing.T) {
 // into broken connections, which are retried), and not the input's fault,
 // so the api answers 503, never a 4xx, and the sender tries again later.
 func TestReadOnlyRefusalsAreNeitherRetriedNorTheInputsFault(t *testing.T) {
+	t.Parallel()
 	for _, me := range []*mysql.MySQLError{
 		{Number: 1290, Message: "The MySQL server is running with the --super-read-only option so it cannot execute this statement"},
 		{Number: 1290, Message: "The MariaDB server is running with the --read-only option so it cannot execute this statement"},
@@ -56,6 +58,7 @@ func TestReadOnlyRefusalsAreNeitherRetriedNorTheInputsFault(t *testing.T) {
 }
 
 func TestExpandWritesOutEachList(t *testing.T) {
+	t.Parallel()
 	got := expand("SELECT 1 WHERE a IN (?) AND b = ? AND (c, d) IN ((?, ?)) AND e IN (?)", 3, 2, 1)
 	want := "SELECT 1 WHERE a IN (?, ?, ?) AND b = ? AND (c, d) IN ((?, ?), (?, ?)) AND e IN (?)"
 	if got != want {
@@ -64,6 +67,7 @@ func TestExpandWritesOutEachList(t *testing.T) {
 }
 
 func TestBackoffIsJitteredAndBounded(t *testing.T) {
+	t.Parallel()
 	s := &Storage{backoffBase: 5 * time.Millisecond, backoffMax: 500 * time.Millisecond}
 	seen := map[time.Duration]bool{}
 	for n := 1; n <= 30; n++ {

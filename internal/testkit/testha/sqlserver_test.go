@@ -26,6 +26,7 @@ func errNo(err error) uint16 {
 // the application user being refused on both. Killed and restarted, the
 // server keeps what was committed and takes writes again.
 func TestSQLServerReadOnlyAndRestart(t *testing.T) {
+	t.Parallel()
 	s := StartSQLServer(t)
 	appDSN, rootDSN := s.NewDatabase(t, nil)
 	app, err := sql.Open("mysql", appDSN)
