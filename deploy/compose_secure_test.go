@@ -47,6 +47,7 @@ var requiredSecrets = map[string][2]string{ // service: variable the setting is,
 // otherwise, and Prometheus reads the api's /metrics on its own port, not
 // on the webhook's.
 func TestComposeIsClosedByDefault(t *testing.T) {
+	t.Parallel()
 	for _, file := range []string{"../docker-compose.yml", "../docker-compose.mysql.yml"} {
 		services, _ := readCompose(t, file)
 		for name, svc := range services {

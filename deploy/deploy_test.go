@@ -46,6 +46,7 @@ func promtool(t *testing.T, args ...string) {
 }
 
 func TestPromtoolAcceptsTheConfigAndTheRules(t *testing.T) {
+	t.Parallel()
 	promtool(t, "check", "config", "prometheus.yml")
 	promtool(t, "check", "rules", "rules/stepcollect.yml")
 }
@@ -55,6 +56,7 @@ func TestPromtoolAcceptsTheConfigAndTheRules(t *testing.T) {
 // Alertmanager takes the compose stack's configuration, and Prometheus
 // sends its alerts there.
 func TestAmtoolAcceptsTheAlertmanagerConfig(t *testing.T) {
+	t.Parallel()
 	testkit.RequireBinary(t, "amtool") // Debian package prometheus-alertmanager
 	out, err := exec.Command("amtool", "check-config", "alertmanager/alertmanager.yml").CombinedOutput()
 	if err != nil {
@@ -70,6 +72,7 @@ func TestAmtoolAcceptsTheAlertmanagerConfig(t *testing.T) {
 }
 
 func TestAlertRulesFireOnWhatTheyShould(t *testing.T) {
+	t.Parallel()
 	promtool(t, "test", "rules", "tests/stepcollect_test.yml")
 }
 
@@ -136,6 +139,7 @@ func usedMetrics(t *testing.T) map[string][]string {
 // Starts the real binaries, scrapes both, and requires every metric the
 // dashboard and the alerts use to be exported.
 func TestEveryMetricTheDashboardAndAlertsUseIsExported(t *testing.T) {
+	t.Parallel()
 	used := usedMetrics(t)
 	if len(used) < 10 {
 		t.Fatalf("only %d metrics found in the dashboard and rules: the extraction is broken", len(used))
@@ -177,6 +181,7 @@ func TestEveryMetricTheDashboardAndAlertsUseIsExported(t *testing.T) {
 // for, the worker scales (no container name, no host port), and every file
 // Prometheus and Grafana mount exists.
 func TestComposeFileScalesAndMountsFilesThatExist(t *testing.T) {
+	t.Parallel()
 	var compose struct {
 		Services map[string]struct {
 			Image         string         `yaml:"image"`
@@ -264,6 +269,7 @@ func TestComposeFileScalesAndMountsFilesThatExist(t *testing.T) {
 
 // Every alert links its runbook section, and the section exists.
 func TestEveryAlertHasARunbookSection(t *testing.T) {
+	t.Parallel()
 	var rules struct {
 		Groups []struct {
 			Rules []struct {
@@ -403,6 +409,7 @@ func isPinned(image string) bool {
 // through their own -probe), then Prometheus and Grafana. Every image is
 // pinned to an exact version, and every image built here says so.
 func TestComposeStartsTheStackInOrderWithPinnedImages(t *testing.T) {
+	t.Parallel()
 	s, _ := readCompose(t, "../docker-compose.yml")
 	var names []string
 	for n := range s {
@@ -517,6 +524,7 @@ func TestComposeStartsTheStackInOrderWithPinnedImages(t *testing.T) {
 // exactly, its binary log kept on with sync_binlog=1, a health check the
 // MySQL image can run, and a data volume of its own.
 func TestTheMySQLOverrideSwapsOnlyTheServer(t *testing.T) {
+	t.Parallel()
 	over, volumes := readCompose(t, "../docker-compose.mysql.yml")
 	base, _ := readCompose(t, "../docker-compose.yml")
 	if len(over) != 1 || over["mysql"] == nil {
@@ -561,6 +569,7 @@ func TestTheMySQLOverrideSwapsOnlyTheServer(t *testing.T) {
 // MariaDB (`make test`) the base file's tag has its major and minor (Debian
 // moves the patch level with its updates).
 func TestTheComposeServersAreTheTestedOnes(t *testing.T) {
+	t.Parallel()
 	db := testkit.NewDB(t, &testkit.DBOptions{Empty: true})
 	var version string
 	if err := db.QueryRow("SELECT VERSION()").Scan(&version); err != nil {
@@ -586,6 +595,7 @@ func TestTheComposeServersAreTheTestedOnes(t *testing.T) {
 // into the final image, and its build step, run here as the builder would
 // run it, stamps each binary's -version with the build arguments.
 func TestTheDockerfileBuildsEveryBinaryStamped(t *testing.T) {
+	t.Parallel()
 	b, err := os.ReadFile("../Dockerfile")
 	if err != nil {
 		t.Fatal(err)
@@ -669,6 +679,7 @@ func dashboardPanels(panels []any, f func(p map[string]any)) {
 // overlapping another, has queries that Prometheus parses (promtool), and
 // the panels the operations issue asks for are there.
 func TestTheDashboardIsWellFormedForImportAndProvisioning(t *testing.T) {
+	t.Parallel()
 	b, err := os.ReadFile("grafana/dashboards/stepcollect.json")
 	if err != nil {
 		t.Fatal(err)

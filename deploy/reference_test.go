@@ -102,6 +102,7 @@ func helpFlags(t *testing.T, bin string) map[string]helpFlag {
 // names and, where the table gives one, the default -h shows; and every
 // flag the tables list is one the binary has.
 func TestTheReferenceListsEveryFlagOfEveryBinary(t *testing.T) {
+	t.Parallel()
 	bins, err := testkit.BuildPlain(t.TempDir(), "cmd/api", "cmd/worker", "cmd/nanocmd", "cmd/migrate")
 	if err != nil {
 		t.Fatal(err)
@@ -162,6 +163,7 @@ var metricPrefix = regexp.MustCompile(`^(stepcollect_|asynq_|go_sql_)`)
 // stepcollect_build_info says what -version says, and -probe answers for
 // both services (0 while ready, 1 once the worker is gone).
 func TestTheReferenceListsEveryMetricAndTheBinariesProbeThemselves(t *testing.T) {
+	t.Parallel()
 	bins, err := testkit.BuildPlain(t.TempDir(), "cmd/api", "cmd/worker")
 	if err != nil {
 		t.Fatal(err)
