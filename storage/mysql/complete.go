@@ -37,149 +37,200 @@ type idCommandRow struct {
 // already committed. A command id does not hold returns an error wrapping
 // storage.ErrUnknownCommand.
 func (s *Storage) StoreCommandResponseAndRetrieveCompletedStep(ctx context.Context, id string, sc *nanostorage.StepCommandResult) (*nanostorage.StepResult, error) {
-	switch {
-	case id == "":
-		return nil, storage.Errorf(storage.EInvalid, "enrollment id: empty")
-	case sc == nil:
-		return nil, storage.Errorf(storage.EInvalid, "command result: missing")
-	case sc.CommandUUID == "":
-		return nil, storage.Errorf(storage.EInvalid, "command_uuid: empty (enrollment %s)", id)
-	case len(sc.ResultReport) > maxMediumText:
-		return nil, storage.Errorf(storage.ETooLarge, "result: %d bytes, more than the %d the result column holds (enrollment %s, command %s)", len(sc.ResultReport), maxMediumText, id, sc.CommandUUID)
-	case escapedLen(sc.ResultReport)+stmtOverhead > s.maxPacket:
-		return nil, s.tooLarge("result", fmt.Sprintf("its statement (%d bytes of result; enrollment %s, command %s)", len(sc.ResultReport), id, sc.CommandUUID), escapedLen(sc.ResultReport)+stmtOverhead)
+	if err := s.checkResult(id, sc); err != nil {
+		return nil, err
 	}
 	if !sc.Completed {
 		return nil, s.storeNotNow(ctx, id, sc.CommandUUID)
 	}
-
-	var (
-		ret    *nanostorage.StepResult
-		stepID int64
-		// What the last try that completed the step computed, kept only
-		// as the question to settle if its COMMIT answer is lost.
-		prev       *nanostorage.StepResult
-		prevStepID int64
-	)
+	c := &completion{s: s, id: id, sc: sc}
 	start := time.Now()
-	err := s.inTx(ctx, storage.OpStoreResult, func(ctx context.Context, tx *sql.Tx, a *attempt) error {
-		ret, stepID = nil, 0
-		rows, err := lockEnrollmentStepRows(ctx, tx, id, sc.CommandUUID)
+	err := s.inTx(ctx, storage.OpStoreResult, c.try)
+	s.observer.ResultCommitted(time.Since(start), c.ret != nil, err)
+	return c.finish(ctx, err)
+}
+
+// checkResult refuses, before any transaction, a result that cannot be
+// stored: the ids it needs, and a size its column and its statement hold.
+func (s *Storage) checkResult(id string, sc *nanostorage.StepCommandResult) error {
+	switch {
+	case id == "":
+		return storage.Errorf(storage.EInvalid, "enrollment id: empty")
+	case sc == nil:
+		return storage.Errorf(storage.EInvalid, "command result: missing")
+	case sc.CommandUUID == "":
+		return storage.Errorf(storage.EInvalid, "command_uuid: empty (enrollment %s)", id)
+	case len(sc.ResultReport) > maxMediumText:
+		return storage.Errorf(storage.ETooLarge, "result: %d bytes, more than the %d the result column holds (enrollment %s, command %s)", len(sc.ResultReport), maxMediumText, id, sc.CommandUUID)
+	case escapedLen(sc.ResultReport)+stmtOverhead > s.maxPacket:
+		return s.tooLarge("result", fmt.Sprintf("its statement (%d bytes of result; enrollment %s, command %s)", len(sc.ResultReport), id, sc.CommandUUID), escapedLen(sc.ResultReport)+stmtOverhead)
+	}
+	return nil
+}
+
+// completion is one completed result's way through its transaction, which
+// inTx may run several times.
+type completion struct {
+	s  *Storage
+	id string
+	sc *nanostorage.StepCommandResult
+
+	// what the current try found; each try starts from empty
+	ret    *nanostorage.StepResult
+	stepID int64
+	// What the last try that completed the step computed, kept across tries
+	// only as the question to settle if its COMMIT answer is lost.
+	prev       *nanostorage.StepResult
+	prevStepID int64
+}
+
+// try is the transaction body: lock the enrollment's rows of the step,
+// record the result, and, when it was the last outstanding one, read the
+// step and release the rows (with its step.completed in the outbox).
+func (c *completion) try(ctx context.Context, tx *sql.Tx, a *attempt) error {
+	c.ret, c.stepID = nil, 0
+	rows, err := lockEnrollmentStepRows(ctx, tx, c.id, c.sc.CommandUUID)
+	if err != nil {
+		return err
+	}
+	if len(rows) == 0 {
+		return c.rowsGone(ctx, tx, a)
+	}
+	c.stepID = rows[0].stepID
+	own, outstanding := ownAndOutstanding(rows, c.sc.CommandUUID)
+	if c.s.outbox {
+		// Whether the step.completed this result would make (with the
+		// results stored before it) fits, before anything is written: a
+		// stored result is one its event can carry, whenever it comes, and
+		// so is the step.timed_out of the results as they stand.
+		if err := c.s.checkCompletedEvent(ctx, tx, c.stepID, c.id, rows, own, len(c.sc.ResultReport)); err != nil {
+			return err
+		}
+	}
+	if outstanding > 0 {
+		// Kept for whichever of this enrollment's commands comes last.
+		// Idempotent, so a retry after a lost COMMIT answer is harmless.
+		if _, err := tx.ExecContext(ctx, qRecordResult, true, c.sc.ResultReport, c.id, c.sc.CommandUUID); err != nil {
+			return fmt.Errorf("recording result: %w", err)
+		}
+		return nil
+	}
+	ret, err := c.readCompletedStep(ctx, tx, own, len(rows) > 1)
+	if err != nil {
+		return err
+	}
+	if err := c.release(ctx, tx, ret); err != nil {
+		return err
+	}
+	c.ret, c.prev, c.prevStepID = ret, ret, c.stepID
+	return nil
+}
+
+// rowsGone answers a try that found none of the enrollment's rows. After a
+// lost COMMIT answer of a try that completed the step they are gone because
+// that try deleted them, or a cancel or a timeout did: only the outbox event
+// that try wrote tells which. Otherwise the command is not one of ours.
+func (c *completion) rowsGone(ctx context.Context, tx *sql.Tx, a *attempt) error {
+	if a.ambiguousCommit && c.prev != nil {
+		committed, err := c.s.completionCommitted(ctx, tx, c.prevStepID, c.id)
 		if err != nil {
 			return err
 		}
-		if len(rows) == 0 {
-			if a.ambiguousCommit && prev != nil {
-				// Our rows are gone. The try whose answer was lost deleted
-				// them, or a cancel or a timeout did: only the outbox
-				// event that try wrote tells which.
-				committed, err := s.completionCommitted(ctx, tx, prevStepID, id)
-				if err != nil {
-					return err
-				}
-				if committed {
-					ret, stepID = prev, prevStepID
-					return nil
-				}
-			}
-			return storage.ErrUnknownCommand
-		}
-		stepID = rows[0].stepID
-
-		outstanding := 0
-		var own *idCommandRow
-		for i := range rows {
-			if rows[i].commandUUID == sc.CommandUUID {
-				own = &rows[i]
-			} else if !rows[i].completed {
-				outstanding++
-			}
-		}
-		if s.outbox {
-			// Whether the step.completed this result would make (with the
-			// results stored before it) fits, before anything is written:
-			// a stored result is one its event can carry, whenever it
-			// comes, and so is the step.timed_out of the results as they
-			// stand.
-			if err := s.checkCompletedEvent(ctx, tx, stepID, id, rows, own, len(sc.ResultReport)); err != nil {
-				return err
-			}
-		}
-		if outstanding > 0 {
-			// Kept for whichever of this enrollment's commands comes last.
-			// Idempotent, so a retry after a lost COMMIT answer is harmless.
-			_, err = tx.ExecContext(ctx, qRecordResult, true, sc.ResultReport, id, sc.CommandUUID)
-			if err != nil {
-				return fmt.Errorf("recording result: %w", err)
-			}
+		if committed {
+			c.ret, c.stepID = c.prev, c.prevStepID
 			return nil
 		}
+	}
+	return storage.ErrUnknownCommand
+}
 
-		// The last one: read the step while our rows still pin it (nobody
-		// collects a step that is referenced), then release them.
-		step, err := s.readStep(ctx, tx, stepID)
-		if err != nil {
+// ownAndOutstanding finds the reported command's row among the
+// enrollment's rows of its step, and counts the others not yet completed.
+func ownAndOutstanding(rows []idCommandRow, commandUUID string) (own *idCommandRow, outstanding int) {
+	for i := range rows {
+		if rows[i].commandUUID == commandUUID {
+			own = &rows[i]
+		} else if !rows[i].completed {
+			outstanding++
+		}
+	}
+	return own, outstanding
+}
+
+// readCompletedStep reads the step while the enrollment's rows still pin it
+// (nobody collects a step that is referenced), with this result and, when
+// the enrollment had others, the results stored before it: read once, now
+// that the step is known to complete (their sizes were checked as each was
+// stored).
+func (c *completion) readCompletedStep(ctx context.Context, tx *sql.Tx, own *idCommandRow, others bool) (*nanostorage.StepResult, error) {
+	step, err := c.s.readStep(ctx, tx, c.stepID)
+	if err != nil {
+		return nil, err
+	}
+	this := *c.sc
+	if this.RequestType == "" {
+		this.RequestType = own.requestType
+	}
+	ret := &nanostorage.StepResult{StepContext: step, IDs: []string{c.id}, Commands: []nanostorage.StepCommandResult{this}}
+	if !others {
+		return ret, nil
+	}
+	results, err := queryList(ctx, tx, qReadEnrollmentStepResults, []any{c.sc.CommandUUID, c.id, c.stepID}, func(rs *sql.Rows) (nanostorage.StepCommandResult, error) {
+		r := nanostorage.StepCommandResult{Completed: true}
+		return r, rs.Scan(&r.CommandUUID, &r.RequestType, &r.ResultReport)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("reading the results of step %d: %w", c.stepID, err)
+	}
+	for _, r := range results {
+		if r.CommandUUID != c.sc.CommandUUID {
+			ret.Commands = append(ret.Commands, r)
+		}
+	}
+	return ret, nil
+}
+
+// release deletes the enrollment's rows of the completed step and, with
+// the outbox, writes its step.completed in the same transaction (the
+// evidence a lost COMMIT answer is settled by).
+func (c *completion) release(ctx context.Context, tx *sql.Tx, ret *nanostorage.StepResult) error {
+	if _, err := tx.ExecContext(ctx, qDeleteEnrollmentStepRows, c.id, c.stepID); err != nil {
+		return fmt.Errorf("releasing step %d: %w", c.stepID, err)
+	}
+	if c.s.outbox {
+		if _, err := c.s.insertEvent(ctx, tx, events.FromStepResult(events.StepCompleted, c.stepID, ret, time.Now()), c.id); err != nil {
 			return err
 		}
+	}
+	return nil
+}
 
-		this := *sc
-		if this.RequestType == "" {
-			this.RequestType = own.requestType
-		}
-		ret = &nanostorage.StepResult{StepContext: step, IDs: []string{id}, Commands: []nanostorage.StepCommandResult{this}}
-		if len(rows) > 1 {
-			// The results stored before this one, read once now that the
-			// step is known to complete: their sizes were checked as each
-			// was stored.
-			results, err := queryList(ctx, tx, qReadEnrollmentStepResults, []any{sc.CommandUUID, id, stepID}, func(rs *sql.Rows) (nanostorage.StepCommandResult, error) {
-				r := nanostorage.StepCommandResult{Completed: true}
-				return r, rs.Scan(&r.CommandUUID, &r.RequestType, &r.ResultReport)
-			})
-			if err != nil {
-				return fmt.Errorf("reading the results of step %d: %w", stepID, err)
-			}
-			for _, r := range results {
-				if r.CommandUUID != sc.CommandUUID {
-					ret.Commands = append(ret.Commands, r)
-				}
-			}
-		}
-
-		if _, err = tx.ExecContext(ctx, qDeleteEnrollmentStepRows, id, stepID); err != nil {
-			return fmt.Errorf("releasing step %d: %w", stepID, err)
-		}
-		if s.outbox {
-			if _, err := s.insertEvent(ctx, tx, events.FromStepResult(events.StepCompleted, stepID, ret, time.Now()), id); err != nil {
-				return err
-			}
-		}
-		prev, prevStepID = ret, stepID
-		return nil
-	})
-	s.observer.ResultCommitted(time.Since(start), ret != nil, err)
+// finish turns the transaction's outcome into the caller's answer and hands
+// a released step to collection, after the commit.
+func (c *completion) finish(ctx context.Context, err error) (*nanostorage.StepResult, error) {
 	var le *limitError
 	if errors.As(err, &le) {
 		return nil, le
 	}
-	if err != nil && prevStepID != 0 {
+	if err != nil && c.prevStepID != 0 {
 		// A try completed the step and its COMMIT answer was lost, and no
 		// later try could settle it (the server gone, or no outbox to ask):
 		// the step may now be unreferenced. Asking for its collection is
 		// harmless if it is not (only what nothing references is taken),
 		// and without it nothing but a sweep would find it.
-		s.afterRelease(ctx, []int64{prevStepID})
+		c.s.afterRelease(ctx, []int64{c.prevStepID})
 	}
 	if err != nil {
-		if errors.Is(err, storage.ErrUnknownCommand) || stepID == 0 {
-			return nil, fmt.Errorf("storing result (enrollment %s, command %s): %w", id, sc.CommandUUID, dataError(err))
+		if errors.Is(err, storage.ErrUnknownCommand) || c.stepID == 0 {
+			return nil, fmt.Errorf("storing result (enrollment %s, command %s): %w", c.id, c.sc.CommandUUID, dataError(err))
 		}
-		return nil, fmt.Errorf("storing result (enrollment %s, command %s, step %d): %w", id, sc.CommandUUID, stepID, dataError(err))
+		return nil, fmt.Errorf("storing result (enrollment %s, command %s, step %d): %w", c.id, c.sc.CommandUUID, c.stepID, dataError(err))
 	}
-	if ret == nil {
+	if c.ret == nil {
 		return nil, nil
 	}
-	s.afterRelease(ctx, []int64{stepID})
-	return ret, nil
+	c.s.afterRelease(ctx, []int64{c.stepID})
+	return c.ret, nil
 }
 
 // completionCommitted settles a completion whose COMMIT answer was lost:
