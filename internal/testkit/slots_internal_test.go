@@ -1,6 +1,7 @@
 package testkit
 
 import (
+	"os"
 	"os/exec"
 	"syscall"
 	"testing"
@@ -36,6 +37,9 @@ func TestADBSlotIsWaitedForUntilOneIsGivenBack(t *testing.T) {
 
 	// another process holds both: flock(1) from util-linux
 	if _, err := exec.LookPath("flock"); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("flock (util-linux) is required under CI: %v", err)
+		}
 		t.Skip("no flock command")
 	}
 	hold := exec.Command("bash", "-c", "exec 3>"+dir+"/0 4>"+dir+"/1; flock 3; flock 4; echo held; sleep 30")
