@@ -31,7 +31,7 @@ test: vet
 # mysqld of their own from the same chroot here, a mariadbd in `make test`
 # (which never needs the chroot).
 MYSQL_TEST_DSN  ?= root@tcp(127.0.0.1:3307)/
-MYSQL_TEST_PKGS ?= ./storage/... ./httpapi ./app ./collector ./delivery ./cmd/... ./examples ./deploy \
+MYSQL_TEST_PKGS ?= ./storage/... ./httpapi ./app ./collector ./delivery ./cmd/... ./nanocmdapp/... ./examples ./deploy \
                    ./e2e ./e2e/pace ./e2e/recovery ./e2e/failover ./internal/testkit/testha
 test-mysql:
 	bash scripts/services.sh --mysql
@@ -81,13 +81,17 @@ services:
 # BENCH_N=25,300 BENCH_FLAGS=-skip-large-table for a quick look.
 BENCH_N ?= 25,100,300,3000,10000
 BENCH_MYSQL_DSN ?= root@tcp(127.0.0.1:3307)/
+# where results.md goes, relative to bench/ (a run of some rows alone:
+# BENCH_FLAGS='-only dropin' BENCH_OUT=../docs/bench/dropin)
+BENCH_OUT ?= ../docs/bench
 bench: bench-build
-	cd bench && $(GO) run ./cmd/bench -bin ../bin/bench -n $(BENCH_N) -out ../docs/bench \
+	cd bench && $(GO) run ./cmd/bench -bin ../bin/bench -n $(BENCH_N) -out $(BENCH_OUT) \
 		$(if $(BENCH_MYSQL_DSN),-mysql-dsn '$(BENCH_MYSQL_DSN)') $(BENCH_FLAGS)
 
 bench-build:
 	mkdir -p bin/bench
 	$(GO) build -ldflags "$(VERSION_LDFLAGS)" -o bin/bench/ ./cmd/api ./cmd/worker
+	$(GO) build -ldflags "$(VERSION_LDFLAGS)" -o bin/bench/stepcollect-nanocmd ./cmd/nanocmd
 	cd bench && $(GO) build -o ../bin/bench/fanout-stepcollect ./cmd/fanout-stepcollect
 	cd bench && $(GO) build -o ../bin/bench/fanout-nanocmd-v0.7.1 ./cmd/fanout-nanocmd
 	cd bench && $(GO) build -modfile=go.v070.mod -o ../bin/bench/fanout-nanocmd-v0.7.0 ./cmd/fanout-nanocmd

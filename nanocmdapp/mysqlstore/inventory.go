@@ -61,6 +61,17 @@ func (s *Inventory) StoreInventoryValues(ctx context.Context, id string, values 
 	if len(values) == 0 {
 		return nil
 	}
+	b, ok, err := patch(values)
+	if err != nil {
+		return fmt.Errorf("storing inventory of %s: %w", id, err)
+	}
+	if ok {
+		return retry(ctx, "storing inventory of "+id, func() error {
+			// a string: MySQL takes no JSON from a binary argument
+			_, err := s.db.ExecContext(ctx, qMergeInventory, id, string(b), string(b))
+			return err
+		})
+	}
 	return inTx(ctx, s.db, "storing inventory of "+id, func(tx *sql.Tx) error {
 		var raw []byte
 		err := tx.QueryRowContext(ctx, qLockInventory, id).Scan(&raw)
@@ -90,6 +101,32 @@ func (s *Inventory) StoreInventoryValues(ctx context.Context, id string, values 
 		_, err = tx.ExecContext(ctx, qUpdateInventory, b, id)
 		return err
 	})
+}
+
+// patch is values as a JSON object, and whether a JSON merge patch of it
+// replaces top-level keys as the Go merge does: none of its values is an
+// object (a patch merges into it) or null (a patch deletes the key). The
+// inventory workflows store strings, bools and times.
+func patch(values storage.Values) ([]byte, bool, error) {
+	b := []byte{'{'}
+	for k, v := range values {
+		key, err := json.Marshal(k)
+		if err != nil {
+			return nil, false, err
+		}
+		val, err := json.Marshal(v)
+		if err != nil {
+			return nil, false, fmt.Errorf("value of %s: %w", k, err)
+		}
+		if len(val) == 0 || val[0] == '{' || string(val) == "null" {
+			return nil, false, nil
+		}
+		if len(b) > 1 {
+			b = append(b, ',')
+		}
+		b = append(append(append(b, key...), ':'), val...)
+	}
+	return append(b, '}'), true, nil
 }
 
 // DeleteInventory deletes id's values.

@@ -119,9 +119,15 @@ const maxAttempts = 10
 // inTx runs fn in a short transaction, retried from the start (fn keeps
 // no state between tries) on the errors above, with jittered backoff.
 func inTx(ctx context.Context, db *sql.DB, op string, fn func(tx *sql.Tx) error) error {
+	return retry(ctx, op, func() error { return tryTx(ctx, db, fn) })
+}
+
+// retry runs fn, a whole transaction or one statement, again on the
+// errors above.
+func retry(ctx context.Context, op string, fn func() error) error {
 	backoff := 5 * time.Millisecond
 	for n := 1; ; n++ {
-		err := tryTx(ctx, db, fn)
+		err := fn()
 		if err == nil {
 			return nil
 		}

@@ -3,9 +3,11 @@ package mysqlstore_test
 import (
 	"context"
 	"fmt"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	cmdplanstorage "github.com/micromdm/nanocmd/subsystem/cmdplan/storage"
 	cmdplantest "github.com/micromdm/nanocmd/subsystem/cmdplan/storage/test"
@@ -95,8 +97,10 @@ func TestANanoCMDDatabasesProfilesCarryOver(t *testing.T) {
 }
 
 // Merges of different keys into one enrollment's inventory from two pools
-// at once (two replicas) all survive: each merge reads and writes under
-// the row's lock. With a read outside the lock, most are lost.
+// at once (two replicas) all survive, both ways a merge is made (one
+// upsert of flat values, and the locked read-merge-write of values holding
+// an object): each reads and writes under the row's lock. With a read
+// outside the lock, most are lost.
 func TestConcurrentInventoryMergesFromTwoReplicasLoseNothing(t *testing.T) {
 	t.Parallel()
 	db := setup(t)
@@ -111,8 +115,13 @@ func TestConcurrentInventoryMergesFromTwoReplicasLoseNothing(t *testing.T) {
 	errs := make(chan error, merges)
 	for i := range merges {
 		wg.Go(func() {
-			// half the merges start on an enrollment with no row yet
-			errs <- replicas[i%2].StoreInventoryValues(context.Background(), "DEV-1", invstorage.Values{fmt.Sprintf("k%d", i): i})
+			// half the merges start on an enrollment with no row yet; every
+			// third holds an object
+			var v any = i
+			if i%3 == 0 {
+				v = map[string]any{"n": i}
+			}
+			errs <- replicas[i%2].StoreInventoryValues(context.Background(), "DEV-1", invstorage.Values{fmt.Sprintf("k%d", i): v})
 		})
 	}
 	wg.Wait()
@@ -131,6 +140,34 @@ func TestConcurrentInventoryMergesFromTwoReplicasLoseNothing(t *testing.T) {
 	}
 	if _, ok := got["DEV-NONE"]; ok {
 		t.Error("an enrollment without inventory is in the answer")
+	}
+}
+
+// A merge replaces each top-level key it names, whatever its value: an
+// object is not merged into the stored one, a null is stored, not a
+// deletion (as NanoCMD's own backends merge), and the other keys stay.
+func TestAnInventoryMergeReplacesTheKeysItNames(t *testing.T) {
+	t.Parallel()
+	db := setup(t)
+	inv := mysqlstore.NewInventory(db.DB)
+	ctx := t.Context()
+	for _, v := range []invstorage.Values{
+		{"serial_number": "SN1", "obj": map[string]any{"x": 1.0}, "gone": "soon", "sip_enabled": false},
+		{"obj": map[string]any{"y": 2.0}, "gone": nil, "sip_enabled": true, "modified": time.Unix(1700000000, 0).UTC()},
+		{"os_version": "14.4"},
+	} {
+		if err := inv.StoreInventoryValues(ctx, "DEV-R", v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := inv.RetrieveInventory(ctx, &invstorage.SearchOptions{IDs: []string{"DEV-R"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := invstorage.Values{"serial_number": "SN1", "obj": map[string]any{"y": 2.0}, "gone": nil, "sip_enabled": true,
+		"modified": "2023-11-14T22:13:20Z", "os_version": "14.4"}
+	if !reflect.DeepEqual(got["DEV-R"], want) {
+		t.Errorf("merged inventory:\n got %v\nwant %v", got["DEV-R"], want)
 	}
 }
 

@@ -19,6 +19,15 @@ ON DUPLICATE KEY UPDATE
 	qDeleteProfile = `DELETE FROM subsystem_profiles WHERE name = ?`
 
 	qInventories = `SELECT enrollment_id, inventory FROM subsystem_inventory WHERE enrollment_id IN (?)`
+	// The merge of flat values in one statement: the upsert holds the
+	// enrollment's row lock from its read to its write, so a second
+	// replica's merge waits for it and merges into its result. Its top-level
+	// keys replace the stored ones (JSON_MERGE_PATCH, on MySQL and MariaDB);
+	// values that are objects or null, which a patch would merge into or
+	// delete, take the locked read-merge-write below instead.
+	qMergeInventory = `
+INSERT INTO subsystem_inventory (enrollment_id, inventory) VALUES (?, ?)
+ON DUPLICATE KEY UPDATE inventory = JSON_MERGE_PATCH(inventory, ?)`
 	// The merge's read: the enrollment's row locked until the merge commits,
 	// so a second replica's merge waits and then reads this one's result.
 	qLockInventory   = `SELECT inventory FROM subsystem_inventory WHERE enrollment_id = ? FOR UPDATE`
