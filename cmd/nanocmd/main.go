@@ -14,20 +14,25 @@ import (
 	"github.com/micromdm/nanolib/log/stdlogfmt"
 	"github.com/rs/zerolog"
 
+	"github.com/stepcollect/stepcollect/internal/logging"
 	"github.com/stepcollect/stepcollect/internal/version"
 	"github.com/stepcollect/stepcollect/nanocmdapp"
 )
 
-func main() {
+func main() { os.Exit(run()) }
+
+// run is main, returning its exit code, so that deferred work (the CPU
+// profile's end) happens on every way out.
+func run() int {
 	cfg, err := nanocmdapp.Parse(os.Args[0], os.Args[1:], os.Environ(), os.Stderr)
 	if err == nanocmdapp.ErrHelp {
-		os.Exit(0)
+		return 0
 	} else if err != nil {
-		os.Exit(2)
+		return 2
 	}
 	if cfg.Version {
 		fmt.Println(version.Get().Version)
-		return
+		return 0
 	}
 	logger := stdlogfmt.New(stdlogfmt.WithDebugFlag(cfg.Debug))
 	level := zerolog.InfoLevel
@@ -35,15 +40,25 @@ func main() {
 		level = zerolog.DebugLevel
 	}
 	zl := zerolog.New(os.Stderr).Level(level).With().Timestamp().Logger()
+	if path := os.Getenv("STEPCOLLECT_CPU_PROFILE"); path != "" {
+		// as the api's and the worker's: where the time goes, for the bench
+		stopProfile, err := logging.CPUProfile(path)
+		if err != nil {
+			logger.Info(logkeys.Message, "STEPCOLLECT_CPU_PROFILE", logkeys.Error, err)
+			return 2
+		}
+		defer stopProfile()
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	srv, err := nanocmdapp.New(ctx, cfg, logger, zl)
 	if err != nil {
 		logger.Info(logkeys.Message, "starting", logkeys.Error, err)
-		os.Exit(1)
+		return 1
 	}
 	if err := srv.Run(ctx); err != nil {
-		os.Exit(1)
+		return 1
 	}
+	return 0
 }
