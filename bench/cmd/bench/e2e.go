@@ -16,14 +16,16 @@ import (
 // mariadbd, one after the other.
 
 const (
-	e2eWorkflow    = "io.micromdm.wf.inventory.v1" // NanoCMD's inventory workflow
-	e2eNanoCMD     = "NanoCMD v0.7.1"
-	e2eStepcollect = "stepcollect"
-	e2eBinary      = "nanocmd"            // in -bin, built by the Makefile's bench-build
-	e2eSchema      = "nanocmd-schema.sql" // likewise: NanoCMD's MySQL schema, from its module
-	e2eMDMKey      = "bench-nanomdm-key"
-	e2eAPIKey      = "bench-nanocmd-key"
-	e2eWait        = 2 * time.Minute // for every enrollment done, at most
+	e2eWorkflow     = "io.micromdm.wf.inventory.v1" // NanoCMD's inventory workflow
+	e2eNanoCMD      = "NanoCMD v0.7.1"
+	e2eStepcollect  = "stepcollect"
+	e2eDropIn       = "stepcollect nanocmd"
+	e2eBinary       = "nanocmd"             // in -bin, built by the Makefile's bench-build
+	e2eDropInBinary = "stepcollect-nanocmd" // likewise: stepcollect's cmd/nanocmd
+	e2eSchema       = "nanocmd-schema.sql"  // likewise: NanoCMD's MySQL schema, from its module
+	e2eMDMKey       = "bench-nanomdm-key"
+	e2eAPIKey       = "bench-nanocmd-key"
+	e2eWait         = 2 * time.Minute // for every enrollment done, at most
 )
 
 // e2eResult is the section's measurement: both implementations, same run.
@@ -38,7 +40,10 @@ type e2eResult struct {
 
 // e2eRun is one implementation's run.
 type e2eRun struct {
-	Impl     string         `json:"impl"`
+	Impl   string `json:"impl"`
+	Server string `json:"server,omitempty"` // the database server's name
+	// DB is the database server's process in CPU ("mariadbd", "mysqld").
+	DB       string         `json:"db_process,omitempty"`
 	Webhooks int            `json:"webhooks"` // sent
 	OK       int            `json:"ok"`       // answered 200
 	Errors   map[string]int `json:"errors"`
@@ -84,7 +89,7 @@ type e2eProfile struct {
 // e2e runs the section: NanoCMD first, then stepcollect, at defaults.
 func (r *runner) e2e(n, inflight int, outDir string) (*e2eResult, error) {
 	res := &e2eResult{Mode: "e2e", Server: configs[0].Name, N: n, Inflight: inflight, Shared: r.serverPID == 0}
-	nc, err := r.e2eNanoCMD(configs[0], n, inflight)
+	nc, err := r.e2eNanoCMD(nanocmdOwn, r.ownTarget(configs[0]), n, inflight, "")
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", e2eNanoCMD, err)
 	}
@@ -97,9 +102,9 @@ func (r *runner) e2e(n, inflight int, outDir string) (*e2eResult, error) {
 	return res, nil
 }
 
-func (r *runner) e2eAnnounce(impl string, n int) {
+func (r *runner) e2eAnnounce(impl, server string, n int) {
 	r.step++
-	progress("[%d/%d] %-28s %-8s N=%-5d end to end, the inventory workflow's 2 commands …", r.step, max(r.total, r.step), impl, configs[0].Name, n)
+	progress("[%d/%d] %-28s %-8s N=%-5d end to end, the inventory workflow's 2 commands …", r.step, max(r.total, r.step), impl, server, n)
 }
 
 func (r *runner) e2eDone(run *e2eRun) {
@@ -107,6 +112,6 @@ func (r *runner) e2eDone(run *e2eRun) {
 	if run.DoneMS > 0 {
 		done = "every enrollment done in " + dur(run.DoneMS)
 	}
-	fmt.Fprintf(os.Stderr, " %s, %d/%d webhooks 200, p50 %s p99 %s, %.2f ms CPU a webhook (service + mariadbd)\n",
-		done, run.OK, run.Webhooks, dur(run.P50MS), dur(run.P99MS), run.cpuPerWebhook(true, true))
+	fmt.Fprintf(os.Stderr, " %s, %d/%d webhooks 200, p50 %s p99 %s, %.2f ms CPU a webhook (service + %s)\n",
+		done, run.OK, run.Webhooks, dur(run.P50MS), dur(run.P99MS), run.cpuPerWebhook(true, true), run.dbProc())
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"database/sql"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -19,33 +20,46 @@ import (
 	"github.com/stepcollect/stepcollect/internal/testkit"
 )
 
-// e2eNanoCMD runs NanoCMD v0.7.1's own server on a fresh database with its
-// own schema, its NanoMDM the fake in the bench process; starts the
-// inventory workflow for all n ids in one request, then answers every
-// command enqueued through NanoMDM's webhook sender, inflight at a time.
-// Every enrollment is done when id_commands holds no row: NanoCMD deletes
-// an enrollment's rows in the request of the result that completes its
-// step (and collects the step in the same request), so every enrollment
-// is done once every webhook is answered, if they were all answered 200;
-// the table is looked at after the last answer, and again every 10 ms if
-// it still holds rows.
-func (r *runner) e2eNanoCMD(cfg serverConfig, n, inflight int) (*e2eRun, error) {
-	r.e2eAnnounce(e2eNanoCMD, n)
-	schema, err := os.ReadFile(filepath.Join(r.bin, e2eSchema))
-	if err != nil {
-		return nil, fmt.Errorf("%v (make bench-build copies it from NanoCMD's module)", err)
-	}
-	dsn, drop, err := freshNanoCMDDatabase(r.admin, r.server, string(schema), cfg.params)
+// nanocmdServer is a server run with NanoCMD v0.7.1's command line:
+// NanoCMD's own, or stepcollect's cmd/nanocmd in its place.
+type nanocmdServer struct {
+	Impl   string // the row's label
+	Binary string // in -bin, built by the Makefile's bench-build
+	// Schema: NanoCMD's schema.sql is loaded first, as its operator must;
+	// stepcollect's makes its tables at start on an empty database.
+	Schema bool
+}
+
+var (
+	nanocmdOwn  = nanocmdServer{Impl: e2eNanoCMD, Binary: e2eBinary, Schema: true}
+	nanocmdOurs = nanocmdServer{Impl: e2eDropIn, Binary: e2eDropInBinary}
+)
+
+// e2eNanoCMD runs srv on a fresh database of db, its NanoMDM the fake in
+// the bench process; starts the inventory workflow for all n ids in one
+// request, then answers every command enqueued through NanoMDM's webhook
+// sender, inflight at a time. Every enrollment is done when its values are
+// in the inventory route: id_commands is looked at after the last answer
+// (and every 10 ms while it holds rows: both servers delete an
+// enrollment's rows in the request of the result that completes its step,
+// and store its inventory in the same request), then the route is asked
+// for all n ids, again every 100 ms until each has its values.
+//
+// profile, when set, is where stepcollect's server writes its CPU profile
+// (NanoCMD's has no way to).
+func (r *runner) e2eNanoCMD(srv nanocmdServer, db dbTarget, n, inflight int, profile string) (*e2eRun, error) {
+	r.e2eAnnounce(srv.Impl, db.Name, n)
+	dsn, drop, err := r.nanocmdDatabase(srv, db)
 	if err != nil {
 		return nil, err
 	}
 	defer drop()
-	db, err := sql.Open("mysql", dsn)
+	sqlDB, err := sql.Open("mysql", dsn)
 	if err != nil {
 		return nil, err
 	}
-	defer db.Close()
-	probe, err := db.Conn(context.Background())
+	defer sqlDB.Close()
+	probe, err := sqlDB.Conn(context.Background())
 	if err != nil {
 		return nil, err
 	}
@@ -61,8 +75,14 @@ func (r *runner) e2eNanoCMD(cfg serverConfig, n, inflight int) (*e2eRun, error) 
 		return nil, err
 	}
 	base := fmt.Sprintf("http://127.0.0.1:%d", port)
-	// every setting at its default but what it cannot run without
-	nc, err := startProc(filepath.Join(r.bin, e2eBinary), nil, "-listen", fmt.Sprintf("127.0.0.1:%d", port),
+	// every setting at its default but what it cannot run without: the
+	// same command line for both servers
+	var env []string
+	if profile != "" {
+		os.Remove(profile)
+		env = []string{"STEPCOLLECT_CPU_PROFILE=" + profile}
+	}
+	nc, err := startProc(filepath.Join(r.bin, srv.Binary), env, "-listen", fmt.Sprintf("127.0.0.1:%d", port),
 		"-storage", "mysql", "-storage-dsn", dsn, "-api", e2eAPIKey,
 		"-enqueue-url", fake.URL+"/v1/enqueue/", "-push-url", fake.URL+"/v1/push/", "-enqueue-api", e2eMDMKey)
 	if err != nil {
@@ -75,29 +95,12 @@ func (r *runner) e2eNanoCMD(cfg serverConfig, n, inflight int) (*e2eRun, error) 
 	client := warmedClient(base+"/version", inflight)
 
 	ids := make([]string, n)
-	q := url.Values{}
 	for i := range ids {
 		ids[i] = e2eEnrollment(i)
-		q.Add("id", ids[i])
 	}
-	req, _ := http.NewRequest("POST", base+"/v1/workflow/"+e2eWorkflow+"/start?"+q.Encode(), nil)
-	req.SetBasicAuth("nanocmd", e2eAPIKey)
-	resp, err := client.Do(req)
+	start, err := startInventory(client, base, ids, nc)
 	if err != nil {
-		return nil, fmt.Errorf("starting the workflow: %w", err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	start := fmt.Sprintf("`POST /v1/workflow/%s/start` with %d `id` parameters: %s", e2eWorkflow, n, resp.Status)
-	switch {
-	case resp.StatusCode == http.StatusOK:
-	case resp.StatusCode == http.StatusInternalServerError && bytes.Contains(body, []byte("recording workflow status")):
-		// MariaDB has no INSERT … AS new: the wf_status upsert fails after
-		// the step is stored and its commands enqueued
-		start += fmt.Sprintf(" (expected on MariaDB, which has no `INSERT … AS new`: NanoCMD's `wf_status` upsert fails after the step "+
-			"is stored and its commands enqueued; `%s`)", strings.TrimSpace(string(body)))
-	default:
-		return nil, fmt.Errorf("workflow start: %s %s\n%s", resp.Status, body, nc.logs.String())
+		return nil, err
 	}
 	order, cmds := fake.enrollments()
 	st := fake.stats()
@@ -106,7 +109,7 @@ func (r *runner) e2eNanoCMD(cfg serverConfig, n, inflight int) (*e2eRun, error) 
 			st.Enrollments, n, st.Commands, 2*n, st, nc.logs.String())
 	}
 	var stepRows int
-	db.QueryRow(`SELECT COUNT(*) FROM steps`).Scan(&stepRows)
+	sqlDB.QueryRow(`SELECT COUNT(*) FROM steps`).Scan(&stepRows)
 	if stepRows != 1 {
 		return nil, fmt.Errorf("%d steps stored, want 1", stepRows)
 	}
@@ -115,21 +118,26 @@ func (r *runner) e2eNanoCMD(cfg serverConfig, n, inflight int) (*e2eRun, error) 
 		jobs[i] = e2eJob{id: id, cmds: cmds[id]}
 	}
 
-	run := &e2eRun{Impl: e2eNanoCMD, Start: start, Service: []string{"nanocmd"},
+	run := &e2eRun{Impl: srv.Impl, Server: db.Name, Start: start, Service: []string{"nanocmd"}, DB: db.proc,
 		ProfileNote: "NanoCMD has no profiling flag or endpoint: no profile."}
-	pids := map[string]int{"nanocmd": nc.cmd.Process.Pid, "bench": os.Getpid()}
-	if r.serverPID > 0 {
-		pids["mariadbd"] = r.serverPID
+	if srv != nanocmdOwn {
+		run.ProfileNote = ""
 	}
-	w, err := r.openWindow(pids)
+	pids := map[string]int{"nanocmd": nc.cmd.Process.Pid, "bench": os.Getpid()}
+	if db.pid > 0 {
+		pids[db.proc] = db.pid
+	}
+	w, err := r.openWindow(db.admin, pids)
 	if err != nil {
 		return nil, err
 	}
 	sent := sendResults(webhook.New(base+"/webhook", webhook.WithClient(client)), jobs, inflight, w.t0)
 	run.fill(sent)
 
-	// every enrollment done: id_commands empty, looked at after the last
-	// answer (each look is a statement of the bench's, taken out below)
+	// every enrollment done: id_commands empty, then every enrollment's
+	// values in the inventory route (each look at the table is a statement
+	// of the bench's, taken out below; the route's reads are the server's
+	// own, and counted)
 	probes := 0
 	left := func() (int, error) {
 		probes++
@@ -137,7 +145,9 @@ func (r *runner) e2eNanoCMD(cfg serverConfig, n, inflight int) (*e2eRun, error) 
 		err := probe.QueryRowContext(context.Background(), `SELECT COUNT(DISTINCT enrollment_id) FROM id_commands`).Scan(&k)
 		return k, err
 	}
-	doneAt, notDone := awaitZero(left, 10*time.Second, e2eWait)
+	awaitZero(left, 10*time.Second, e2eWait)
+	missing := func() (int, error) { return inventoryMissing(client, base, ids) }
+	doneAt, notDone := awaitZero(missing, 10*time.Second, e2eWait)
 	if notDone >= 0 {
 		run.Done = n - notDone
 	}
@@ -148,8 +158,88 @@ func (r *runner) e2eNanoCMD(cfg serverConfig, n, inflight int) (*e2eRun, error) 
 		return nil, err
 	}
 	run.MDM = &st
-	db.QueryRow(`SELECT (SELECT COUNT(*) FROM steps), (SELECT COUNT(*) FROM id_commands), (SELECT COUNT(*) FROM step_commands)`).
+	sqlDB.QueryRow(`SELECT (SELECT COUNT(*) FROM steps), (SELECT COUNT(*) FROM id_commands), (SELECT COUNT(*) FROM step_commands)`).
 		Scan(&run.Stranded.Steps, &run.Stranded.IDCommands, &run.Stranded.StepCommands)
+	if profile != "" {
+		nc.stop() // the profile is written when the process stops
+		r.addProfile(run, "nanocmd", srv.Binary, profile)
+	}
 	r.e2eDone(run)
 	return run, nil
+}
+
+// nanocmdDatabase is a fresh database on db for srv: NanoCMD's schema
+// loaded for NanoCMD's own server, empty for stepcollect's.
+func (r *runner) nanocmdDatabase(srv nanocmdServer, db dbTarget) (string, func(), error) {
+	if !srv.Schema {
+		return emptyDatabase(db.admin, db.dsn, db.params)
+	}
+	schema, err := os.ReadFile(filepath.Join(r.bin, e2eSchema))
+	if err != nil {
+		return "", nil, fmt.Errorf("%v (make bench-build copies it from NanoCMD's module)", err)
+	}
+	return freshNanoCMDDatabase(db.admin, db.dsn, string(schema), db.params)
+}
+
+// startInventory starts the inventory workflow for ids in one request, and
+// describes its answer.
+func startInventory(client *http.Client, base string, ids []string, nc *proc) (string, error) {
+	q := url.Values{}
+	for _, id := range ids {
+		q.Add("id", id)
+	}
+	req, _ := http.NewRequest("POST", base+"/v1/workflow/"+e2eWorkflow+"/start?"+q.Encode(), nil)
+	req.SetBasicAuth("nanocmd", e2eAPIKey)
+	resp, err := client.Do(req)
+	if err != nil {
+		return "", fmt.Errorf("starting the workflow: %w", err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	start := fmt.Sprintf("`POST /v1/workflow/%s/start` with %d `id` parameters: %s", e2eWorkflow, len(ids), resp.Status)
+	switch {
+	case resp.StatusCode == http.StatusOK:
+	case resp.StatusCode == http.StatusInternalServerError && bytes.Contains(body, []byte("recording workflow status")):
+		// MariaDB has no INSERT … AS new: NanoCMD's wf_status upsert fails
+		// after the step is stored and its commands enqueued
+		start += fmt.Sprintf(" (expected on MariaDB, which has no `INSERT … AS new`: NanoCMD's `wf_status` upsert fails after the step "+
+			"is stored and its commands enqueued; `%s`)", strings.TrimSpace(string(body)))
+	default:
+		return "", fmt.Errorf("workflow start: %s %s\n%s", resp.Status, body, nc.logs.String())
+	}
+	return start, nil
+}
+
+// inventoryMissing asks the inventory route (`GET /inventory`, where
+// NanoCMD v0.7.1 serves it) for ids, and counts those without both
+// commands' values: the serial number DeviceInformation answered and
+// SecurityInfo's SIP state.
+func inventoryMissing(client *http.Client, base string, ids []string) (int, error) {
+	q := url.Values{}
+	for _, id := range ids {
+		q.Add("id", id)
+	}
+	req, _ := http.NewRequest("GET", base+"/inventory?"+q.Encode(), nil)
+	req.SetBasicAuth("nanocmd", e2eAPIKey)
+	resp, err := client.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		return 0, fmt.Errorf("GET /inventory: %s %s", resp.Status, b)
+	}
+	var inv map[string]map[string]any
+	if err := json.NewDecoder(resp.Body).Decode(&inv); err != nil {
+		return 0, fmt.Errorf("GET /inventory: %w", err)
+	}
+	missing := 0
+	for _, id := range ids {
+		v := inv[id]
+		if v["serial_number"] != "SN"+id || v["sip_enabled"] == nil {
+			missing++
+		}
+	}
+	return missing, nil
 }

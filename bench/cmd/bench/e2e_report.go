@@ -8,7 +8,7 @@ import (
 // The figures and the markdown of the end-to-end section.
 
 // cpuMS is the CPU time, in ms, of the service's processes (service) and
-// of mariadbd (db).
+// of the database server (db).
 func (run *e2eRun) cpuMS(service, db bool) float64 {
 	t := 0.0
 	if service {
@@ -17,9 +17,17 @@ func (run *e2eRun) cpuMS(service, db bool) float64 {
 		}
 	}
 	if db {
-		t += run.CPU["mariadbd"]
+		t += run.CPU[run.dbProc()]
 	}
 	return t
+}
+
+// dbProc is the database server's process name in CPU.
+func (run *e2eRun) dbProc() string {
+	if run.DB == "" {
+		return "mariadbd"
+	}
+	return run.DB
 }
 
 func (run *e2eRun) cpuPerWebhook(service, db bool) float64 {

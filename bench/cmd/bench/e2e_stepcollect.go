@@ -27,7 +27,7 @@ import (
 // statement window goes on until the outbox is empty (every event
 // acknowledged) and the step collected, looked at every 10 ms.
 func (r *runner) e2eStepcollect(cfg serverConfig, n, inflight int, outDir string) (*e2eRun, error) {
-	r.e2eAnnounce(e2eStepcollect, n)
+	r.e2eAnnounce(e2eStepcollect, cfg.Name, n)
 	apiProf, _ := filepath.Abs(filepath.Join(outDir, "e2e-api.cpu.pprof"))
 	workerProf, _ := filepath.Abs(filepath.Join(outDir, "e2e-worker.cpu.pprof"))
 	os.Remove(apiProf)
@@ -78,7 +78,7 @@ func (r *runner) e2eStepcollect(cfg serverConfig, n, inflight int, outDir string
 	if r.serverPID > 0 {
 		pids["mariadbd"] = r.serverPID
 	}
-	w, err := r.openWindow(pids)
+	w, err := r.openWindow(r.admin, pids)
 	if err != nil {
 		return nil, err
 	}
@@ -112,14 +112,19 @@ func (r *runner) e2eStepcollect(cfg serverConfig, n, inflight int, outDir string
 	// the profiles are written when the processes stop
 	e.close()
 	closed = true
-	for _, p := range []struct{ name, path string }{{"api", apiProf}, {"worker", workerProf}} {
-		out, err := exec.Command("go", "tool", "pprof", "-top", "-nodecount=10", filepath.Join(r.bin, p.name), p.path).CombinedOutput()
-		if err != nil {
-			run.ProfileNote += fmt.Sprintf("go tool pprof %s: %v: %s. ", p.path, err, strings.TrimSpace(string(out)))
-			continue
-		}
-		run.Profiles = append(run.Profiles, e2eProfile{Process: p.name, Path: filepath.Base(p.path), Top: string(out)})
-	}
+	r.addProfile(run, "api", "api", apiProf)
+	r.addProfile(run, "worker", "worker", workerProf)
 	r.e2eDone(run)
 	return run, nil
+}
+
+// addProfile adds process's CPU profile at path (of binary, in -bin) to
+// run, as pprof's top 10, or says why not.
+func (r *runner) addProfile(run *e2eRun, process, binary, path string) {
+	out, err := exec.Command("go", "tool", "pprof", "-top", "-nodecount=10", filepath.Join(r.bin, binary), path).CombinedOutput()
+	if err != nil {
+		run.ProfileNote += fmt.Sprintf("go tool pprof %s: %v: %s. ", path, err, strings.TrimSpace(string(out)))
+		return
+	}
+	run.Profiles = append(run.Profiles, e2eProfile{Process: process, Path: filepath.Base(path), Top: string(out)})
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"database/sql"
 	"strconv"
 	"time"
 
@@ -39,20 +40,20 @@ func later(a, b time.Time) time.Time {
 
 // window is the span the CPU times and statement counts are taken over.
 type window struct {
-	r    *runner
-	pids map[string]int
-	cpu0 map[string]float64
-	st0  map[string]float64
-	t0   time.Time
+	admin *sql.DB // of the server the counters are read on
+	pids  map[string]int
+	cpu0  map[string]float64
+	st0   map[string]float64
+	t0    time.Time
 }
 
 // openWindow takes the first snapshot and starts the clock.
-func (r *runner) openWindow(pids map[string]int) (*window, error) {
-	st, err := r.globalStatus()
+func (r *runner) openWindow(admin *sql.DB, pids map[string]int) (*window, error) {
+	st, err := globalStatus(admin)
 	if err != nil {
 		return nil, err
 	}
-	w := &window{r: r, pids: pids, st0: st, cpu0: cpuTimes(pids)}
+	w := &window{admin: admin, pids: pids, st0: st, cpu0: cpuTimes(pids)}
 	w.t0 = time.Now()
 	return w, nil
 }
@@ -63,7 +64,7 @@ func (r *runner) openWindow(pids map[string]int) (*window, error) {
 func (w *window) close(run *e2eRun, probes int) error {
 	cpu := cpuTimes(w.pids)
 	run.WindowMS = fanout.MS(time.Since(w.t0))
-	st, err := w.r.globalStatus()
+	st, err := globalStatus(w.admin)
 	if err != nil {
 		return err
 	}
@@ -85,8 +86,8 @@ func (w *window) close(run *e2eRun, probes int) error {
 
 // globalStatus is the server's statement counters: every Com_*, Questions
 // and Connections.
-func (r *runner) globalStatus() (map[string]float64, error) {
-	rows, err := r.admin.Query(`SHOW GLOBAL STATUS WHERE Variable_name LIKE 'Com\_%' OR Variable_name IN ('Questions', 'Connections')`)
+func globalStatus(admin *sql.DB) (map[string]float64, error) {
+	rows, err := admin.Query(`SHOW GLOBAL STATUS WHERE Variable_name LIKE 'Com\_%' OR Variable_name IN ('Questions', 'Connections')`)
 	if err != nil {
 		return nil, err
 	}

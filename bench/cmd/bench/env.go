@@ -22,8 +22,9 @@ import (
 
 // proc is a binary the service measurements run.
 type proc struct {
-	cmd  *exec.Cmd
-	logs bytes.Buffer
+	cmd     *exec.Cmd
+	logs    bytes.Buffer
+	stopped bool
 }
 
 func startProc(bin string, env []string, args ...string) (*proc, error) {
@@ -36,7 +37,8 @@ func startProc(bin string, env []string, args ...string) (*proc, error) {
 // stop interrupts the process and waits for it. With BENCH_LOG_DIR set,
 // its output is kept there as <binary>-<pid>.log, for looking into a run.
 func (p *proc) stop() {
-	if p.cmd.Process != nil {
+	if p.cmd.Process != nil && !p.stopped {
+		p.stopped = true
 		p.cmd.Process.Signal(os.Interrupt)
 		p.cmd.Wait()
 		if dir := os.Getenv("BENCH_LOG_DIR"); dir != "" {

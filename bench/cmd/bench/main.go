@@ -264,6 +264,7 @@ type sideRuns struct {
 	sus    *sustainedResult
 	drains []*drainResult
 	e2e    *e2eResult
+	dropin *dropInResult
 	large  *largeTable
 	prof   *profiled
 }
@@ -291,6 +292,12 @@ func (r *runner) runSideRuns(o *options) sideRuns {
 		}
 		r.recordJSON(s.e2e)
 	}
+	if o.runDropIn() {
+		if s.dropin, err = r.dropIn(o.e2eN, o.e2eInflight, o.outDir); err != nil {
+			die("drop-in: %v", err)
+		}
+		r.recordJSON(s.dropin)
+	}
 	if !o.skipBig {
 		s.large = r.largeTable(o.want)
 	}
@@ -302,7 +309,7 @@ func (r *runner) runSideRuns(o *options) sideRuns {
 
 // writeReport writes results.md and the charts, and prints the report.
 func (r *runner) writeReport(o *options, s sideRuns, started time.Time) {
-	md := report(r.results, s.sus, s.drains, s.e2e, s.large, s.prof, r.version, r.mysqlSrv, started, time.Since(started))
+	md := report(r.results, s, r.version, r.mysqlSrv, started, time.Since(started))
 	if err := os.WriteFile(filepath.Join(o.outDir, "results.md"), []byte(md), 0o644); err != nil {
 		die("%v", err)
 	}

@@ -39,6 +39,8 @@ func (o *options) runSustained() bool {
 
 func (o *options) runE2E() bool { return o.e2eN > 0 && o.want("e2e") }
 
+func (o *options) runDropIn() bool { return o.e2eN > 0 && o.want("dropin") }
+
 // measurements counts what the run will measure, for the progress lines'
 // [k/total].
 func (o *options) measurements() int {
@@ -67,6 +69,9 @@ func (o *options) measurements() int {
 	if o.runE2E() {
 		total += 2
 	}
+	if o.runDropIn() {
+		total += 2 * ifn(o.mysqlDSN != "", 2, 1)
+	}
 	return total
 }
 
@@ -84,11 +89,11 @@ func parseFlags() *options {
 	flag.StringVar(&o.server, "server", "", "use this server DSN (root, no database) instead of a private mariadbd; needs max_connections above 1000")
 	flag.BoolVar(&o.skipBig, "skip-large-table", false, "skip the 1M-row CancelSteps and sweeper measurements")
 	flag.BoolVar(&o.noProf, "skip-profile", false, "skip the profiled service run")
-	flag.StringVar(&o.only, "only", "", "comma-separated row labels to run (default all); \"sustained\", \"workers\" and \"e2e\" name those runs alone")
+	flag.StringVar(&o.only, "only", "", "comma-separated row labels to run (default all); \"sustained\", \"workers\", \"e2e\" and \"dropin\" name those runs alone")
 	flag.IntVar(&o.nanoMax, "nanocmd-max-n", 10000, "largest N NanoCMD's storage rows run at (above it they take minutes: N=100000 is about 7 minutes for v0.7.1)")
 	flag.DurationVar(&o.susFor, "sustained", 60*time.Second, "length of the sustained run at the api's full rate (0 skips it)")
 	flag.IntVar(&o.workersN, "workers-n", 10000, "results committed with the workers stopped, for the worker-throughput table")
-	flag.IntVar(&o.e2eN, "e2e-n", 3000, "enrollments of the end-to-end run against NanoCMD v0.7.1's own server (0 skips it; -only e2e runs it alone)")
+	flag.IntVar(&o.e2eN, "e2e-n", 3000, "enrollments of the end-to-end runs against NanoCMD v0.7.1's own server (0 skips them; -only e2e or -only dropin runs one alone)")
 	flag.IntVar(&o.e2eInflight, "e2e-inflight", 64, "enrollments answering at once in the end-to-end run (each answers its commands one after another)")
 	flag.StringVar(&o.mysqlDSN, "mysql-dsn", "", "also run the fan-out rows (floor, NanoCMD, storage, service) on this MySQL server (root DSN, no database), as settings \"MySQL defaults\", \"MySQL stricter\" and \"MySQL binlog\"")
 	flag.Parse()
@@ -142,4 +147,11 @@ func parseInts(s string) ([]int, error) {
 		out = append(out, n)
 	}
 	return out, nil
+}
+
+func ifn(c bool, a, b int) int {
+	if c {
+		return a
+	}
+	return b
 }

@@ -45,7 +45,8 @@ func index(results []*fanout.Result) map[key]*fanout.Result {
 	return m
 }
 
-func report(results []*fanout.Result, sus *sustainedResult, drains []*drainResult, e2e *e2eResult, large *largeTable, prof *profiled, version string, mysqlSrv *dbServer, started time.Time, took time.Duration) string {
+func report(results []*fanout.Result, side sideRuns, version string, mysqlSrv *dbServer, started time.Time, took time.Duration) string {
+	sus, drains, e2e, large, prof := side.sus, side.drains, side.e2e, side.large, side.prof
 	var b strings.Builder
 	host, _ := os.Hostname()
 	idx := index(results)
@@ -117,7 +118,7 @@ func report(results []*fanout.Result, sus *sustainedResult, drains []*drainResul
 		}
 	}
 
-	b.WriteString(goals(results, idx, sus, drains, e2e))
+	b.WriteString(goals(results, idx, sus, drains, e2e, side.dropin))
 	if sus != nil {
 		b.WriteString(sus.markdown())
 	}
@@ -126,6 +127,9 @@ func report(results []*fanout.Result, sus *sustainedResult, drains []*drainResul
 	}
 	if e2e != nil {
 		b.WriteString(e2e.markdown())
+	}
+	if side.dropin != nil {
+		b.WriteString(side.dropin.markdown())
 	}
 
 	b.WriteString("## The uncontended path\n\n50 enrollments, each with its own step, answering one result after another (defaults). " +
@@ -162,7 +166,7 @@ func report(results []*fanout.Result, sus *sustainedResult, drains []*drainResul
 }
 
 // goals states each goal beside the figures, as measured.
-func goals(results []*fanout.Result, idx map[key]*fanout.Result, sus *sustainedResult, drains []*drainResult, e2e *e2eResult) string {
+func goals(results []*fanout.Result, idx map[key]*fanout.Result, sus *sustainedResult, drains []*drainResult, e2e *e2eResult, dropin *dropInResult) string {
 	var b strings.Builder
 	b.WriteString("## Goals\n\n")
 
@@ -294,6 +298,9 @@ func goals(results []*fanout.Result, idx map[key]*fanout.Result, sus *sustainedR
 	}
 	if e2e != nil {
 		b.WriteString(e2e.goals())
+	}
+	if dropin != nil {
+		b.WriteString(dropin.goals())
 	}
 	b.WriteString("\n")
 	return b.String()
