@@ -175,8 +175,8 @@ const errUnknownDatabase = 1049
 // Redis URL's passwords) is redacted before the body shows it.
 func readyChecks(db *sql.DB, enq *tasks.Enqueuer, needRedis bool, secrets []string) []httpapi.Check {
 	return []httpapi.Check{
-		{Name: "mysql", Probe: func(ctx context.Context) error { return config.RedactError(db.PingContext(ctx), secrets...) }},
-		{Name: "redis", Probe: func(context.Context) error { return config.RedactError(enq.Ping(), secrets...) }, Informational: !needRedis},
+		httpapi.MySQLCheck(db, secrets...),
+		httpapi.RedisCheck(enq.Ping, !needRedis, secrets...),
 	}
 }
 

@@ -12,7 +12,6 @@ import (
 	"encoding/base64"
 	"io"
 	"net/http"
-	"strings"
 	"sync"
 	"time"
 
@@ -33,19 +32,6 @@ type Store interface {
 	CancelSteps(ctx context.Context, id, workflowName string) error
 	StoreStepID(ctx context.Context, step *nanostorage.StepEnqueuingWithConfig, pushTime time.Time) (int64, error)
 	StepStatus(ctx context.Context, id int64) (*storage.StepStatus, error)
-}
-
-// Check is one readiness dependency: a name ("mysql", "redis") and a probe.
-type Check struct {
-	Name  string
-	Probe func(ctx context.Context) error
-	// Informational checks are reported in /readyz's body but do not make
-	// it fail: the api commits results without Redis, so a load balancer
-	// must not pull it for a Redis outage.
-	Informational bool
-	// Report, set instead of Probe, describes a state that never fails
-	// readiness ("delivery: paused since …").
-	Report func(ctx context.Context) string
 }
 
 // Config configures the handler.
@@ -221,37 +207,4 @@ func validHMAC(key, body []byte, header string) bool {
 	mac := hmac.New(sha256.New, key)
 	mac.Write(body)
 	return hmac.Equal(got, mac.Sum(nil))
-}
-
-// ReadyHandler answers 200 when every required check passes, else 503
-// naming each part that failed. The body lists every check, one line each
-// ("mysql: ok", "redis: down: …"), informational ones included.
-func ReadyHandler(checks []Check) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
-		defer cancel()
-		var b strings.Builder
-		ready := true
-		for _, c := range checks {
-			if c.Report != nil {
-				b.WriteString(c.Name + ": " + oneLine(c.Report(ctx)) + "\n")
-				continue
-			}
-			err := c.Probe(ctx)
-			switch {
-			case err == nil:
-				b.WriteString(c.Name + ": ok\n")
-			case c.Informational:
-				b.WriteString(c.Name + ": down (not needed to be ready): " + oneLine(err.Error()) + "\n")
-			default:
-				ready = false
-				b.WriteString(c.Name + ": " + oneLine(err.Error()) + "\n")
-			}
-		}
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		if !ready {
-			w.WriteHeader(http.StatusServiceUnavailable)
-		}
-		w.Write([]byte(b.String()))
-	}
 }

@@ -17,11 +17,42 @@ const (
 	OutcomeError         = "error"          // 503: could not commit
 )
 
-// API holds the HTTP API's metrics.
-type API struct {
-	Results         *prometheus.CounterVec
+// HTTP counts and times a server's requests by route: the api's and
+// cmd/nanocmd's.
+type HTTP struct {
 	Requests        *prometheus.CounterVec
 	RequestDuration *prometheus.HistogramVec
+}
+
+// NewHTTP creates the request metrics and registers them with reg.
+func NewHTTP(reg prometheus.Registerer) *HTTP {
+	m := &HTTP{
+		Requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace,
+			Name:      "http_requests_total",
+			Help:      "HTTP requests by handler and status code.",
+		}, []string{"handler", "code"}),
+		RequestDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: Namespace,
+			Name:      "http_request_duration_seconds",
+			Help:      "HTTP request latency by handler.",
+			Buckets:   []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
+		}, []string{"handler"}),
+	}
+	reg.MustRegister(m.Requests, m.RequestDuration)
+	return m
+}
+
+// InstrumentHandler counts and times h's requests under name.
+func (m *HTTP) InstrumentHandler(name string, h http.Handler) http.Handler {
+	return promhttp.InstrumentHandlerCounter(m.Requests.MustCurryWith(prometheus.Labels{"handler": name}),
+		promhttp.InstrumentHandlerDuration(m.RequestDuration.MustCurryWith(prometheus.Labels{"handler": name}), h))
+}
+
+// API holds the HTTP API's metrics.
+type API struct {
+	*HTTP
+	Results *prometheus.CounterVec
 	// InflightBodyBytes is the request-body budget in use
 	// (-max-inflight-body-bytes): each body weighed at its decoding's
 	// working memory, from before it is read until its handler returns.
@@ -34,22 +65,12 @@ type API struct {
 // NewAPI creates the API metrics and registers them with reg.
 func NewAPI(reg prometheus.Registerer) *API {
 	m := &API{
+		HTTP: NewHTTP(reg),
 		Results: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: Namespace,
 			Name:      "results_total",
 			Help:      "Webhook results by outcome: completed_step, stored, not_now, ignored, rejected, error.",
 		}, []string{"outcome"}),
-		Requests: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: Namespace,
-			Name:      "http_requests_total",
-			Help:      "HTTP requests by handler and status code.",
-		}, []string{"handler", "code"}),
-		RequestDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Namespace: Namespace,
-			Name:      "http_request_duration_seconds",
-			Help:      "HTTP request latency by handler.",
-			Buckets:   []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
-		}, []string{"handler"}),
 		InflightBodyBytes: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: Namespace,
 			Name:      "inflight_body_bytes",
@@ -64,12 +85,6 @@ func NewAPI(reg prometheus.Registerer) *API {
 	for _, o := range []string{OutcomeCompletedStep, OutcomeStored, OutcomeNotNow, OutcomeIgnored, OutcomeRejected, OutcomeError} {
 		m.Results.WithLabelValues(o)
 	}
-	reg.MustRegister(m.Results, m.Requests, m.RequestDuration, m.InflightBodyBytes, m.UnknownCommandResults)
+	reg.MustRegister(m.Results, m.InflightBodyBytes, m.UnknownCommandResults)
 	return m
-}
-
-// InstrumentHandler counts and times h's requests under name.
-func (m *API) InstrumentHandler(name string, h http.Handler) http.Handler {
-	return promhttp.InstrumentHandlerCounter(m.Requests.MustCurryWith(prometheus.Labels{"handler": name}),
-		promhttp.InstrumentHandlerDuration(m.RequestDuration.MustCurryWith(prometheus.Labels{"handler": name}), h))
 }

@@ -40,6 +40,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/stepcollect/stepcollect/internal/version"
+	"github.com/stepcollect/stepcollect/metrics"
 )
 
 const (
@@ -69,7 +70,8 @@ func New(ctx context.Context, cfg *Config, logger log.Logger, zl zerolog.Logger)
 	if cfg.EnqueueURL == "" || cfg.EnqueueAPI == "" || cfg.PushURL == "" {
 		return nil, errors.New("enqueue URL, push URL, and API required")
 	}
-	storage, err := parseStorage(ctx, cfg, zl)
+	reg := newRegistry()
+	storage, err := parseStorage(ctx, cfg, zl, reg)
 	if err != nil {
 		return nil, fmt.Errorf("parse storage: %w", err)
 	}
@@ -124,8 +126,10 @@ func New(ctx context.Context, cfg *Config, logger log.Logger, zl zerolog.Logger)
 		return nil, fmt.Errorf("registering workflows: %w", err)
 	}
 
+	m := metrics.NewHTTP(reg)
 	mux := flow.New()
-	mux.Handle("/version", nanohttp.NewJSONVersionHandler(version.Get().Version))
+	mux.Handle("/version", m.InstrumentHandler("version", nanohttp.NewJSONVersionHandler(version.Get().Version)))
+	handleOps(mux, m, reg, storage.ready)
 
 	var eventHandler foss.MDMEventReceiver = e
 	if cfg.DumpWebhook {
@@ -138,25 +142,12 @@ func New(ctx context.Context, cfg *Config, logger log.Logger, zl zerolog.Logger)
 	if cfg.WebhookHMACKey != "" {
 		h = verifyHMAC(h, []byte(cfg.WebhookHMACKey), logger.With("handler", "webhook"))
 	}
-	mux.Handle("/webhook", h)
+	mux.Handle("/webhook", m.InstrumentHandler("webhook", h))
 
 	if cfg.APIKey != "" {
-		mux.Group(func(mux *flow.Mux) {
-			mux.Use(func(h http.Handler) http.Handler {
-				return nanohttp.NewSimpleBasicAuthHandler(h, apiUsername, cfg.APIKey, apiRealm)
-			})
-
-			enginehttp.HandleAPIv1("/v1", mux, logger, e, storage.event)
-			// v0.7.1 serves the inventory at /inventory (its handler
-			// ignores the prefix); its docs say /v1/inventory: both
-			invhttp.HandleAPIv1("/v1", mux, logger, storage.inventory)
-			mux.Handle("/v1/inventory", invhttp.RetrieveInventory(storage.inventory, logger.With("handler", "get-inventory")), "GET")
-			profhttp.HandleAPIv1("/v1", mux, logger, storage.profile)
-			fvenablehttp.HandleAPIv1("/v1", mux)
-			cmdplanhttp.HandleAPIv1("/v1", mux, logger, storage.cmdplan)
-		})
+		handleAPI(mux, m, cfg.APIKey, logger, e, storage)
 	}
-	s.handler = trace.NewTraceLoggingHandler(mux, logger.With("handler", "log"), newTraceID)
+	s.handler = untraced(mux, trace.NewTraceLoggingHandler(mux, logger.With("handler", "log"), newTraceID))
 
 	if s.listener, err = net.Listen("tcp", cfg.Listen); err != nil {
 		return nil, fmt.Errorf("-listen %s: %w", cfg.Listen, err)
@@ -254,6 +245,31 @@ func (s *Server) close() {
 	if s.storage != nil && s.storage.close != nil {
 		s.storage.close()
 	}
+}
+
+// handleAPI serves NanoCMD's API behind key, each subsystem's routes
+// counted under its name.
+func handleAPI(mux *flow.Mux, m *metrics.HTTP, key string, logger log.Logger, e *engine.Engine, st *storageConfig) {
+	auth := func(h http.Handler) http.Handler {
+		return nanohttp.NewSimpleBasicAuthHandler(h, apiUsername, key, apiRealm)
+	}
+	group := func(name string, routes func(mux *flow.Mux)) {
+		mux.Group(func(mux *flow.Mux) {
+			// counted outside the key, so that refused requests show too
+			mux.Use(func(h http.Handler) http.Handler { return m.InstrumentHandler(name, h) }, auth)
+			routes(mux)
+		})
+	}
+	group("engine", func(mux *flow.Mux) { enginehttp.HandleAPIv1("/v1", mux, logger, e, st.event) })
+	group("inventory", func(mux *flow.Mux) {
+		// v0.7.1 serves the inventory at /inventory (its handler
+		// ignores the prefix); its docs say /v1/inventory: both
+		invhttp.HandleAPIv1("/v1", mux, logger, st.inventory)
+		mux.Handle("/v1/inventory", invhttp.RetrieveInventory(st.inventory, logger.With("handler", "get-inventory")), "GET")
+	})
+	group("profile", func(mux *flow.Mux) { profhttp.HandleAPIv1("/v1", mux, logger, st.profile) })
+	group("fvenable", func(mux *flow.Mux) { fvenablehttp.HandleAPIv1("/v1", mux) })
+	group("cmdplan", func(mux *flow.Mux) { cmdplanhttp.HandleAPIv1("/v1", mux, logger, st.cmdplan) })
 }
 
 // verifyHMAC refuses (401) a webhook body without NanoMDM's

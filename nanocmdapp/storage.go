@@ -31,9 +31,11 @@ import (
 	storageprofdiskv "github.com/micromdm/nanocmd/subsystem/profile/storage/diskv"
 	storageprofinmem "github.com/micromdm/nanocmd/subsystem/profile/storage/inmem"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/rs/zerolog"
 
 	"github.com/stepcollect/stepcollect/collector"
+	"github.com/stepcollect/stepcollect/httpapi"
 	"github.com/stepcollect/stepcollect/internal/config"
 	"github.com/stepcollect/stepcollect/metrics"
 	"github.com/stepcollect/stepcollect/nanocmdapp/mysqlstore"
@@ -54,6 +56,9 @@ type storageConfig struct {
 	sweeper *collector.Sweeper
 	handoff *collector.Handoff
 	close   func() error
+
+	// ready is what /readyz asks of this storage
+	ready []httpapi.Check
 }
 
 // PoolSize is the MySQL pool of -storage mysql, open and idle alike, so
@@ -62,7 +67,8 @@ type storageConfig struct {
 // churned a new connection for most of them.
 func PoolSize() int { return max(32, 8*runtime.GOMAXPROCS(0)) }
 
-func parseStorage(ctx context.Context, cfg *Config, zl zerolog.Logger) (*storageConfig, error) {
+// parseStorage opens cfg's storage; with -storage mysql its metrics go on reg.
+func parseStorage(ctx context.Context, cfg *Config, zl zerolog.Logger, reg prometheus.Registerer) (*storageConfig, error) {
 	name, dsn := cfg.Storage, cfg.StorageDSN
 	switch name {
 	case "inmem":
@@ -79,6 +85,7 @@ func parseStorage(ctx context.Context, cfg *Config, zl zerolog.Logger) (*storage
 			cmdplan:   storagecmdplaninmem.New(),
 			event:     eng,
 			filevault: fv,
+			ready:     []httpapi.Check{storageReport(name)},
 		}, nil
 	case "file", "diskv":
 		if dsn == "" {
@@ -97,11 +104,18 @@ func parseStorage(ctx context.Context, cfg *Config, zl zerolog.Logger) (*storage
 			cmdplan:   storagecmdplandiskv.New(filepath.Join(dsn, "cmdplan")),
 			event:     eng,
 			filevault: fv,
+			ready:     []httpapi.Check{storageReport(name)},
 		}, nil
 	case "mysql":
-		return mysqlStorage(ctx, cfg, zl)
+		return mysqlStorage(ctx, cfg, zl, reg)
 	}
 	return nil, fmt.Errorf("unknown storage: %s", name)
+}
+
+// storageReport is /readyz's line for NanoCMD's own storages: nothing to
+// reach, so always ready, but the body says which storage answers.
+func storageReport(name string) httpapi.Check {
+	return httpapi.Check{Name: "storage", Report: func(context.Context) string { return name }}
 }
 
 // mysqlStorage is every storage on the one database: stepcollect's for the
@@ -109,7 +123,7 @@ func parseStorage(ctx context.Context, cfg *Config, zl zerolog.Logger) (*storage
 // that missed; or, with -redis-url, handed to the worker's queue),
 // mysqlstore's for the subsystems. Both schemas are applied
 // at start; a NanoCMD v0.7.1 database is adopted in place.
-func mysqlStorage(ctx context.Context, cfg *Config, zl zerolog.Logger) (_ *storageConfig, err error) {
+func mysqlStorage(ctx context.Context, cfg *Config, zl zerolog.Logger, reg prometheus.Registerer) (_ *storageConfig, err error) {
 	if cfg.StorageDSN == "" {
 		return nil, errors.New("-storage mysql: -storage-dsn is required")
 	}
@@ -133,26 +147,22 @@ func mysqlStorage(ctx context.Context, cfg *Config, zl zerolog.Logger) (_ *stora
 	if err := mysqlstore.Migrate(startCtx, db); err != nil {
 		return nil, err
 	}
-	opts := []stepmysql.Option{stepmysql.WithDB(db), stepmysql.WithLogger(zl.With().Str("component", "storage").Logger())}
+	reg.MustRegister(collectors.NewDBStatsCollector(db, metrics.DBPoolName))
+	opts := []stepmysql.Option{stepmysql.WithDB(db), stepmysql.WithLogger(zl.With().Str("component", "storage").Logger()),
+		stepmysql.WithObserver(metrics.NewStorage(reg))}
 	var (
 		handoff *collector.Handoff
 		enq     *tasks.Enqueuer
 	)
 	if cfg.RedisURL != "" {
-		// as the api does: each commit's released steps are batched onto
-		// the worker's queue off the request path; Redis being down delays
-		// collection (the worker's sweep is the backstop), never a result
-		redisOpt, perr := asynq.ParseRedisURI(cfg.RedisURL)
-		if perr != nil {
-			return nil, fmt.Errorf("-redis-url: %w", config.RedactError(perr, cfg.RedisURL))
+		if handoff, enq, err = newHandoff(cfg.RedisURL, reg, zl); err != nil {
+			return nil, err
 		}
-		enq = tasks.NewEnqueuer(redisOpt)
 		defer func() {
 			if err != nil {
 				enq.Close()
 			}
 		}()
-		handoff = collector.NewHandoff(collector.HandoffConfig{}, enq, zl.With().Str("component", "handoff").Logger())
 		opts = append(opts, stepmysql.WithReleaseSink(handoff))
 	}
 	eng, err := stepmysql.New(opts...)
@@ -177,13 +187,32 @@ func mysqlStorage(ctx context.Context, cfg *Config, zl zerolog.Logger) (_ *stora
 		event:     eng,
 		filevault: fv,
 		close:     db.Close,
+		ready:     []httpapi.Check{httpapi.MySQLCheck(db, cfg.StorageDSN, cfg.RedisURL)},
 	}
 	if handoff != nil {
 		sc.handoff = handoff
 		sc.close = func() error { enq.Close(); return db.Close() }
+		// as for the api: results commit while Redis is down
+		sc.ready = append(sc.ready, httpapi.RedisCheck(enq.Ping, true, cfg.StorageDSN, cfg.RedisURL))
 		return sc, nil
 	}
 	sc.sweeper = collector.NewSweeper(collector.SweeperConfig{Interval: time.Duration(cfg.SweepInterval) * time.Second},
-		eng, nil, metrics.NewSweeper(prometheus.NewRegistry()), zl.With().Str("component", "sweeper").Logger())
+		eng, nil, metrics.NewSweeper(reg), zl.With().Str("component", "sweeper").Logger())
 	return sc, nil
+}
+
+// newHandoff is the api's hand-off onto the worker's queue at redisURL:
+// each commit's released steps are batched off the request path; Redis
+// being down delays collection (the worker's sweep is the backstop), never
+// a result. Its failures and drops are counted on reg, as the api's.
+func newHandoff(redisURL string, reg prometheus.Registerer, zl zerolog.Logger) (*collector.Handoff, *tasks.Enqueuer, error) {
+	redisOpt, err := asynq.ParseRedisURI(redisURL)
+	if err != nil {
+		return nil, nil, fmt.Errorf("-redis-url: %w", config.RedactError(err, redisURL))
+	}
+	m := metrics.NewEnqueue(reg, tasks.TaskTypes()...)
+	enq := tasks.NewEnqueuer(redisOpt, tasks.OnEnqueueFailure(m.Failed))
+	h := collector.NewHandoff(collector.HandoffConfig{OnDrop: func(n int) { m.HandoffDropped.Add(float64(n)) }},
+		enq, zl.With().Str("component", "handoff").Logger())
+	return h, enq, nil
 }
