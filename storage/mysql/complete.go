@@ -5,6 +5,8 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	nanostorage "github.com/micromdm/nanocmd/engine/storage"
@@ -14,16 +16,24 @@ import (
 )
 
 // idCommandRow is one id_commands row of the reporting enrollment.
-// Its result is not read with the lock (see lockEnrollmentStepRows): only
-// its length, and the completion reads the results once it knows it
-// completes.
+// A large stored result is not read with the lock (see
+// qLockEnrollmentStepRows): only its length, and the completion reads it
+// once it knows it completes.
 type idCommandRow struct {
 	commandUUID string
 	stepID      int64
 	requestType string
 	completed   bool
 	resultLen   int
+	result      []byte // the stored result when inlined()
 }
+
+// inlineResultMax is the largest stored result the locking read brings
+// (qLockEnrollmentStepRows, which holds the same figure).
+const inlineResultMax = 65536
+
+// inlined reports whether the locking read brought r's stored result.
+func (r *idCommandRow) inlined() bool { return r.completed && r.resultLen <= inlineResultMax }
 
 // StoreCommandResponseAndRetrieveCompletedStep commits one command result
 // for enrollment id and, when it was that enrollment's last outstanding
@@ -78,6 +88,7 @@ type completion struct {
 	// what the current try found; each try starts from empty
 	ret    *nanostorage.StepResult
 	stepID int64
+	rows   []idCommandRow // the enrollment's rows of the step, as locked
 	// What the last try that completed the step computed, kept across tries
 	// only as the question to settle if its COMMIT answer is lost.
 	prev       *nanostorage.StepResult
@@ -88,11 +99,12 @@ type completion struct {
 // record the result, and, when it was the last outstanding one, read the
 // step and release the rows (with its step.completed in the outbox).
 func (c *completion) try(ctx context.Context, tx *sql.Tx, a *attempt) error {
-	c.ret, c.stepID = nil, 0
+	c.ret, c.stepID, c.rows = nil, 0, nil
 	rows, err := lockEnrollmentStepRows(ctx, tx, c.id, c.sc.CommandUUID)
 	if err != nil {
 		return err
 	}
+	c.rows = rows
 	if len(rows) == 0 {
 		return c.rowsGone(ctx, tx, a)
 	}
@@ -175,6 +187,10 @@ func (c *completion) readCompletedStep(ctx context.Context, tx *sql.Tx, own *idC
 	if !others {
 		return ret, nil
 	}
+	if inlined, ok := c.inlinedResults(); ok {
+		ret.Commands = append(ret.Commands, inlined...)
+		return ret, nil
+	}
 	results, err := queryList(ctx, tx, qReadEnrollmentStepResults, []any{c.sc.CommandUUID, c.id, c.stepID}, func(rs *sql.Rows) (nanostorage.StepCommandResult, error) {
 		r := nanostorage.StepCommandResult{Completed: true}
 		return r, rs.Scan(&r.CommandUUID, &r.RequestType, &r.ResultReport)
@@ -188,6 +204,25 @@ func (c *completion) readCompletedStep(ctx context.Context, tx *sql.Tx, own *idC
 		}
 	}
 	return ret, nil
+}
+
+// inlinedResults are the other commands' results as the locking read
+// brought them, in command_uuid order as qReadEnrollmentStepResults reads
+// them, when it brought them all.
+func (c *completion) inlinedResults() ([]nanostorage.StepCommandResult, bool) {
+	var out []nanostorage.StepCommandResult
+	for i := range c.rows {
+		r := &c.rows[i]
+		if r.commandUUID == c.sc.CommandUUID {
+			continue
+		}
+		if !r.inlined() {
+			return nil, false
+		}
+		out = append(out, nanostorage.StepCommandResult{CommandUUID: r.commandUUID, RequestType: r.requestType, ResultReport: r.result, Completed: true})
+	}
+	slices.SortFunc(out, func(a, b nanostorage.StepCommandResult) int { return strings.Compare(a.CommandUUID, b.CommandUUID) })
+	return out, true
 }
 
 // release deletes the enrollment's rows of the completed step and, with
@@ -262,7 +297,7 @@ func lockEnrollmentStepRows(ctx context.Context, tx *sql.Tx, id, commandUUID str
 	var rows []idCommandRow
 	for rs.Next() {
 		var r idCommandRow
-		if err := rs.Scan(&r.commandUUID, &r.stepID, &r.requestType, &r.completed, &r.resultLen); err != nil {
+		if err := rs.Scan(&r.commandUUID, &r.stepID, &r.requestType, &r.completed, &r.resultLen, &r.result); err != nil {
 			return nil, fmt.Errorf("locking enrollment rows: %w", err)
 		}
 		rows = append(rows, r)

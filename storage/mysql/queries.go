@@ -28,8 +28,15 @@ WHERE enrollment_id = ? AND command_uuid = ?`
 	// touched. An unknown command yields no rows. The results stay on the
 	// server (their lengths size the event): the 39th result of a
 	// 40-command step would otherwise read the 38 before it.
+	//
+	// A stored result of at most inlineResultMax bytes comes with its row:
+	// the completion needs the others' results, and a step's commands are
+	// mostly small answers (DeviceInformation, SecurityInfo), so one read
+	// serves where two were. Larger ones are read once the completion is
+	// decided (qReadEnrollmentStepResults).
 	qLockEnrollmentStepRows = `
-SELECT command_uuid, step_id, request_type, completed, COALESCE(LENGTH(result), 0)
+SELECT command_uuid, step_id, request_type, completed, COALESCE(LENGTH(result), 0),
+  IF(completed AND LENGTH(result) <= 65536, result, NULL)
 FROM id_commands FORCE INDEX (PRIMARY)
 WHERE enrollment_id = ? AND step_id = (
   SELECT step_id FROM id_commands
