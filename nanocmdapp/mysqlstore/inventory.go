@@ -14,12 +14,36 @@ import (
 // enrollment (as NanoCMD's kv backends store it), merged in one short
 // transaction under that enrollment's row lock, so that merges from any
 // number of replicas never lose one another's values.
-type Inventory struct{ db *sql.DB }
+type Inventory struct {
+	db     *sql.DB
+	groups *mergeGroups
+}
 
 var _ storage.Storage = (*Inventory)(nil)
 
 // NewInventory returns the inventory storage on db (migrated by Migrate).
-func NewInventory(db *sql.DB) *Inventory { return &Inventory{db: db} }
+func NewInventory(db *sql.DB) *Inventory {
+	s := &Inventory{db: db}
+	s.groups = newMergeGroups(s.upsert)
+	return s
+}
+
+// upsert merges each ids[i]'s flat values patches[i] in one statement.
+func (s *Inventory) upsert(ctx context.Context, ids []string, patches [][]byte) error {
+	args := make([]any, 0, 2*len(ids))
+	for i, id := range ids {
+		// a string: MySQL takes no JSON from a binary argument
+		args = append(args, id, string(patches[i]))
+	}
+	op := "storing inventory of " + ids[0]
+	if len(ids) > 1 {
+		op += fmt.Sprintf(" and %d other enrollments", len(ids)-1)
+	}
+	return retry(ctx, op, func() error {
+		_, err := s.db.ExecContext(ctx, upsertSQL(len(ids)), args...)
+		return err
+	})
+}
 
 // RetrieveInventory returns the values of the ids that have any.
 func (s *Inventory) RetrieveInventory(ctx context.Context, opt *storage.SearchOptions) (map[string]storage.Values, error) {
@@ -61,16 +85,10 @@ func (s *Inventory) StoreInventoryValues(ctx context.Context, id string, values 
 	if len(values) == 0 {
 		return nil
 	}
-	b, ok, err := patch(values)
-	if err != nil {
+	if _, ok, err := patch(values); err != nil {
 		return fmt.Errorf("storing inventory of %s: %w", id, err)
-	}
-	if ok {
-		return retry(ctx, "storing inventory of "+id, func() error {
-			// a string: MySQL takes no JSON from a binary argument
-			_, err := s.db.ExecContext(ctx, qMergeInventory, id, string(b), string(b))
-			return err
-		})
+	} else if ok {
+		return s.groups.merge(ctx, id, values)
 	}
 	return inTx(ctx, s.db, "storing inventory of "+id, func(tx *sql.Tx) error {
 		var raw []byte

@@ -19,15 +19,17 @@ ON DUPLICATE KEY UPDATE
 	qDeleteProfile = `DELETE FROM subsystem_profiles WHERE name = ?`
 
 	qInventories = `SELECT enrollment_id, inventory FROM subsystem_inventory WHERE enrollment_id IN (?)`
-	// The merge of flat values in one statement: the upsert holds the
-	// enrollment's row lock from its read to its write, so a second
-	// replica's merge waits for it and merges into its result. Its top-level
-	// keys replace the stored ones (JSON_MERGE_PATCH, on MySQL and MariaDB);
-	// values that are objects or null, which a patch would merge into or
-	// delete, take the locked read-merge-write below instead.
-	qMergeInventory = `
-INSERT INTO subsystem_inventory (enrollment_id, inventory) VALUES (?, ?)
-ON DUPLICATE KEY UPDATE inventory = JSON_MERGE_PATCH(inventory, ?)`
+	// The merge of flat values, many enrollments' in one statement (see
+	// mergegroup.go): the upsert holds each enrollment's row lock from its
+	// read to its write, so a second replica's merge waits for it and merges
+	// into its result. Its top-level keys replace the stored ones
+	// (JSON_MERGE_PATCH, on MySQL and MariaDB); values that are objects or
+	// null, which a patch would merge into or delete, take the locked
+	// read-merge-write below instead. VALUES() as in qStoreProfile: MariaDB
+	// has no row alias.
+	qMergeInventories     = `INSERT INTO subsystem_inventory (enrollment_id, inventory) VALUES `
+	qMergeInventoriesTail = `
+ON DUPLICATE KEY UPDATE inventory = JSON_MERGE_PATCH(inventory, VALUES(inventory))`
 	// The merge's read: the enrollment's row locked until the merge commits,
 	// so a second replica's merge waits and then reads this one's result.
 	qLockInventory   = `SELECT inventory FROM subsystem_inventory WHERE enrollment_id = ? FOR UPDATE`
