@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/micromdm/nanocmd/subsystem/inventory/storage"
 )
@@ -85,7 +86,7 @@ func (s *Inventory) StoreInventoryValues(ctx context.Context, id string, values 
 	if len(values) == 0 {
 		return nil
 	}
-	if _, ok, err := patch(values); err != nil {
+	if ok, err := flat(values); err != nil {
 		return fmt.Errorf("storing inventory of %s: %w", id, err)
 	} else if ok {
 		return s.groups.merge(ctx, id, values)
@@ -119,6 +120,25 @@ func (s *Inventory) StoreInventoryValues(ctx context.Context, id string, values 
 		_, err = tx.ExecContext(ctx, qUpdateInventory, b, id)
 		return err
 	})
+}
+
+// flat reports whether no value of values is a JSON object or null (see
+// patch), without marshaling the scalars the inventory workflows store.
+func flat(values storage.Values) (bool, error) {
+	for k, v := range values {
+		switch v.(type) {
+		case string, bool, time.Time, int, int32, int64, uint, uint32, uint64, float32, float64:
+			continue
+		}
+		b, err := json.Marshal(v)
+		if err != nil {
+			return false, fmt.Errorf("value of %s: %w", k, err)
+		}
+		if scalar := len(b) > 0 && b[0] != '{' && string(b) != "null"; !scalar {
+			return false, nil
+		}
+	}
+	return true, nil
 }
 
 // patch is values as a JSON object, and whether a JSON merge patch of it
