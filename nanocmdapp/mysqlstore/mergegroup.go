@@ -6,16 +6,16 @@ import (
 	"maps"
 	"slices"
 	"strings"
-	"sync"
 
 	"github.com/micromdm/nanocmd/subsystem/inventory/storage"
+
+	"github.com/stepcollect/stepcollect/internal/group"
 )
 
-// mergeGroups writes the flat inventory merges of many callers at once,
-// as group commit writes many transactions with one log flush: each
-// caller's values join the group being formed, one member writes the
-// whole group in one upsert, and every member returns once that write has
-// ended, with its own enrollment's outcome.
+// mergeGroups writes the flat inventory merges of many callers at once
+// (internal/group): each caller's values join the group being formed, one
+// member writes the whole group in one upsert, and every member returns
+// once that write has ended, with its own enrollment's outcome.
 //
 // Why: the inventory workflow merges twice into each enrollment in the
 // request of its last result (SecurityInfo's event, then the step's
@@ -25,20 +25,17 @@ import (
 // docs/benchmarks.md, "NanoCMD's server and stepcollect's nanocmd").
 //
 // What it keeps: a member returns only after the statement holding its
-// values has committed (or failed, and then with its error); a member
-// that joins while a group is being written goes into the next one, so
-// nothing waits for more than the write in progress and its own.
+// values has committed (or failed, and then with its error).
 type mergeGroups struct {
-	token   chan struct{} // held by the member writing a group
-	mu      sync.Mutex
-	forming *mergeGroup
-	write   func(ctx context.Context, ids []string, patches [][]byte) error
+	runner *group.Runner[*mergeSet]
+	write  func(ctx context.Context, ids []string, patches [][]byte) error
 }
 
-type mergeGroup struct {
-	values map[string]storage.Values // merged in arrival order
-	done   chan struct{}             // closed when the group is written
-	errs   map[string]error          // each enrollment's outcome
+// mergeSet is one group: the values of each enrollment, merged in arrival
+// order, and, once written, each enrollment's outcome.
+type mergeSet struct {
+	values map[string]storage.Values
+	errs   map[string]error
 }
 
 // maxGroup bounds one upsert: rows, and bytes of values (under the
@@ -49,46 +46,25 @@ const (
 )
 
 func newMergeGroups(write func(ctx context.Context, ids []string, patches [][]byte) error) *mergeGroups {
-	return &mergeGroups{token: make(chan struct{}, 1), write: write}
+	m := &mergeGroups{write: write}
+	m.runner = group.New(func() *mergeSet { return &mergeSet{values: map[string]storage.Values{}} },
+		func(ctx context.Context, g *mergeSet) { g.errs = m.writeGroup(ctx, g.values) })
+	return m
 }
 
 // merge adds id's values to the forming group and returns once the group
 // has been written: nil when id's values are committed.
 func (m *mergeGroups) merge(ctx context.Context, id string, values storage.Values) error {
-	m.mu.Lock()
-	g := m.forming
-	if g == nil {
-		g = &mergeGroup{values: map[string]storage.Values{}, done: make(chan struct{})}
-		m.forming = g
+	g, err := m.runner.Do(ctx, func(g *mergeSet) {
+		if v, ok := g.values[id]; ok {
+			maps.Copy(v, values)
+		} else {
+			g.values[id] = maps.Clone(values)
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("storing inventory of %s: %w", id, err)
 	}
-	if v, ok := g.values[id]; ok {
-		maps.Copy(v, values)
-	} else {
-		g.values[id] = maps.Clone(values)
-	}
-	m.mu.Unlock()
-
-	select {
-	case <-g.done:
-		return g.errs[id]
-	case <-ctx.Done():
-		return ctx.Err()
-	case m.token <- struct{}{}:
-	}
-	defer func() { <-m.token }()
-	m.mu.Lock()
-	if m.forming == g {
-		m.forming = nil // sealed: whoever comes now forms the next group
-	}
-	m.mu.Unlock()
-	select {
-	case <-g.done: // a member before us wrote it
-		return g.errs[id]
-	default:
-	}
-	// not cut short by this member's context: the others wait on it
-	g.errs = m.writeGroup(context.WithoutCancel(ctx), g.values)
-	close(g.done)
 	return g.errs[id]
 }
 

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/go-sql-driver/mysql"
 )
@@ -72,6 +73,35 @@ func mysqldPID(dsn string) int {
 		}
 	}
 	return 0
+}
+
+// settle waits, up to a minute, until the database servers are quiet (under
+// 5% of a CPU over 300 ms): one server's purge and page flushing after a
+// run would otherwise take CPU from the next run on the other.
+func (r *runner) settle() {
+	pids := map[string]int{}
+	if r.serverPID > 0 {
+		pids["own"] = r.serverPID
+	}
+	if r.mysqlSrv != nil {
+		if pid := mysqldPID(r.mysqlSrv.dsn); pid > 0 {
+			pids["mysql"] = pid
+		}
+	}
+	const span = 300 * time.Millisecond
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); {
+		before := cpuTimes(pids)
+		time.Sleep(span)
+		after := cpuTimes(pids)
+		busy := 0.0
+		for k := range pids {
+			busy += after[k] - before[k]
+		}
+		if busy < 0.05*float64(span/time.Millisecond) {
+			return
+		}
+	}
+	progress("the database servers were still busy after a minute; measuring anyway")
 }
 
 // emptyDatabase creates a database with no tables on admin's server, and
@@ -197,6 +227,13 @@ func (d *dropInResult) markdown() string {
 	b.WriteString("\n")
 	for _, p := range d.Pairs {
 		fmt.Fprintf(&b, "%s: %s. NanoCMD's workflow start: %s.\n\n", p.Server, p.Version, p.NanoCMD.Start)
+		for _, prof := range p.Ours.Profiles {
+			fmt.Fprintf(&b, "stepcollect's `nanocmd` on %s, the whole life of the process, `go tool pprof -top -nodecount=10` (flat), from `%s`:\n\n```\n%s\n```\n\n",
+				p.Server, prof.Path, strings.TrimSpace(prof.Top))
+		}
+		if p.Ours.ProfileNote != "" {
+			fmt.Fprintf(&b, "%s\n\n", strings.TrimSpace(p.Ours.ProfileNote))
+		}
 	}
 	b.WriteString(d.goals())
 	b.WriteString("\n")

@@ -127,6 +127,7 @@ func (r *runner) e2eNanoCMD(srv nanocmdServer, db dbTarget, n, inflight int, pro
 	if db.pid > 0 {
 		pids[db.proc] = db.pid
 	}
+	r.settle()
 	w, err := r.openWindow(db.admin, pids)
 	if err != nil {
 		return nil, err
