@@ -396,22 +396,6 @@ func (s *Storage) storeNotNow(ctx context.Context, id, commandUUID string) error
 	return nil
 }
 
-// RetrieveCommandRequestType returns the request type of id's command uuid,
-// and whether id holds such a command at all (whether a workflow sent it).
-func (s *Storage) RetrieveCommandRequestType(ctx context.Context, id string, uuid string) (string, bool, error) {
-	if id == "" || uuid == "" {
-		return "", false, storage.Errorf(storage.EInvalid, "request type lookup: empty enrollment id or command uuid")
-	}
-	var rt string
-	err := s.db.QueryRowContext(ctx, qGetRequestType, id, uuid).Scan(&rt)
-	if errors.Is(err, sql.ErrNoRows) {
-		return "", false, nil
-	} else if err != nil {
-		return "", false, fmt.Errorf("request type (enrollment %s, command %s): %w", id, uuid, err)
-	}
-	return rt, true, nil
-}
-
 // StepStatus returns what is known of step id while it exists, and an
 // error wrapping storage.ErrStepNotFound once it was collected (or never
 // was).

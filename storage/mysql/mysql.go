@@ -50,6 +50,7 @@ type Storage struct {
 	outbox   bool
 	steps    *stepCache
 	inline   *releaseGroups
+	lookups  *lookups
 	// maxPacket is the server's max_allowed_packet (or WithMaxPacket's),
 	// which every statement and so every event must fit.
 	maxPacket int
@@ -138,6 +139,7 @@ func New(opts ...Option) (*Storage, error) {
 		backoffBase: 5 * time.Millisecond,
 		backoffMax:  500 * time.Millisecond,
 	}
+	s.lookups = s.newLookups()
 	if cfg.isolation != sql.LevelDefault {
 		s.txOpts = &sql.TxOptions{Isolation: cfg.isolation}
 	}

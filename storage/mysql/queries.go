@@ -21,6 +21,9 @@ const (
 	qGetRequestType = `
 SELECT request_type FROM id_commands
 WHERE enrollment_id = ? AND command_uuid = ?`
+	// One asker's branch of the batched lookup (lookup.go): its index,
+	// then qGetRequestType's answer.
+	qGetRequestTypeBranch = `(SELECT ?, request_type FROM id_commands WHERE enrollment_id = ? AND command_uuid = ?)`
 
 	// The completion transaction's decision: every row this enrollment
 	// holds for the step that command_uuid belongs to, locked. It is all
