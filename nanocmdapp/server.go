@@ -179,6 +179,9 @@ func (s *Server) Run(ctx context.Context) error {
 	if s.storage.sweeper != nil && s.cfg.SweepInterval > 0 {
 		go s.sweep(ctx, time.Duration(s.cfg.SweepInterval)*time.Second)
 	}
+	if s.storage.steps != nil {
+		go s.pruneReceipts(ctx)
+	}
 
 	if h := s.storage.handoff; h != nil {
 		// its own context: it outlives the requests in flight at shutdown,
@@ -235,6 +238,30 @@ func (s *Server) sweep(ctx context.Context, every time.Duration) {
 			ev = s.zl.Info()
 		}
 		ev.Str("component", "sweeper").Int("examined", res.Examined).Int("collected", res.Collected).Msg("sweep")
+	}
+}
+
+// receiptAge is how long a completion's receipt is kept: it is asked for
+// only by the retry of its own transaction, within seconds.
+const receiptAge = 10 * time.Minute
+
+// pruneReceipts deletes old completion receipts every minute, on every
+// replica (the deletes are by age, a bounded batch at a time).
+func (s *Server) pruneReceipts(ctx context.Context) {
+	t := time.NewTicker(time.Minute)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		n, err := s.storage.steps.PruneReceipts(ctx, receiptAge)
+		if err != nil && ctx.Err() == nil {
+			s.zl.Warn().Err(err).Str("component", "receipts").Msg("pruning completion receipts")
+		} else if n > 0 {
+			s.zl.Debug().Str("component", "receipts").Int64("pruned", n).Msg("pruned completion receipts")
+		}
 	}
 }
 

@@ -55,6 +55,7 @@ type storageConfig struct {
 	// the hand-off to the worker's queue with -redis-url
 	sweeper *collector.Sweeper
 	handoff *collector.Handoff
+	steps   *stepmysql.Storage // its receipts pruned
 	close   func() error
 
 	// ready is what /readyz asks of this storage
@@ -148,8 +149,11 @@ func mysqlStorage(ctx context.Context, cfg *Config, zl zerolog.Logger, reg prome
 		return nil, err
 	}
 	reg.MustRegister(collectors.NewDBStatsCollector(db, metrics.DBPoolName))
+	// receipts: the engine learns of a completion only from the webhook's
+	// answer, so a COMMIT whose answer was lost must be settled by evidence
+	// (a 500 loses the result: NanoMDM does not resend)
 	opts := []stepmysql.Option{stepmysql.WithDB(db), stepmysql.WithLogger(zl.With().Str("component", "storage").Logger()),
-		stepmysql.WithObserver(metrics.NewStorage(reg))}
+		stepmysql.WithObserver(metrics.NewStorage(reg)), stepmysql.WithReceipts()}
 	var (
 		handoff *collector.Handoff
 		enq     *tasks.Enqueuer
@@ -180,6 +184,7 @@ func mysqlStorage(ctx context.Context, cfg *Config, zl zerolog.Logger, reg prome
 		return nil, err
 	}
 	sc := &storageConfig{
+		steps:     eng,
 		engine:    eng,
 		inventory: inv,
 		profile:   mysqlstore.NewProfiles(db),

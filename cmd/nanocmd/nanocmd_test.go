@@ -84,7 +84,8 @@ func answer(sender *webhook.Webhook, id string, c enqueued) error {
 // The inventory workflow for 20 enrollments, started through NanoCMD's
 // API, every command answered through NanoMDM's webhook sender: each
 // enrollment's values are then in the inventory route (both of its paths),
-// durable in MySQL, and no step row is left.
+// durable in MySQL, each completion left its receipt, and no step row is
+// left.
 func TestTheInventoryWorkflowEndToEndOnMySQL(t *testing.T) {
 	db := testkit.NewDB(t, &testkit.DBOptions{Empty: true})
 	s := startMySQL(t, db)
@@ -96,6 +97,11 @@ func TestTheInventoryWorkflowEndToEndOnMySQL(t *testing.T) {
 		rows := testkit.CountStepRows(t, db.DB)
 		return rows == testkit.StepRows{}, rows
 	})
+	// each completion's receipt, the evidence a COMMIT whose answer is
+	// lost is settled by (a 500 would lose the result)
+	if n := testkit.Count(t, db.DB, "SELECT COUNT(*) FROM stepcollect_receipts"); n != len(ids) {
+		t.Errorf("%d completion receipts, want one for each of the %d enrollments", n, len(ids))
+	}
 	if n := testkit.Count(t, db.DB, "SELECT COUNT(*) FROM stepcollect_state WHERE name = 'schedule_owner_nanocmd'"); n != 1 {
 		t.Errorf("the database is not marked as NanoCMD's engine's (%d rows): a cmd/worker on it would claim its steps", n)
 	}

@@ -237,6 +237,11 @@ func (c *completion) release(ctx context.Context, tx *sql.Tx, ret *nanostorage.S
 			return err
 		}
 	}
+	if c.s.receipts {
+		if _, err := tx.ExecContext(ctx, qInsertReceipt, events.ID(events.StepCompleted, c.stepID, c.id)); err != nil {
+			return fmt.Errorf("writing the receipt of step %d: %w", c.stepID, err)
+		}
+	}
 	return nil
 }
 
@@ -269,17 +274,21 @@ func (c *completion) finish(ctx context.Context, err error) (*nanostorage.StepRe
 }
 
 // completionCommitted settles a completion whose COMMIT answer was lost:
-// its step.completed event has a deterministic id and is written in the
-// same transaction, so its presence is the proof. Without the outbox
-// nothing can prove it either way, and the caller gets an error rather than
-// a guess.
+// its step.completed event (or, WithReceipts, its receipt) has a
+// deterministic id and is written in the same transaction, so its presence
+// is the proof. Without either nothing can prove it either way, and the
+// caller gets an error rather than a guess.
 func (s *Storage) completionCommitted(ctx context.Context, tx *sql.Tx, stepID int64, id string) (bool, error) {
-	if !s.outbox {
+	q := qEventExists
+	switch {
+	case s.receipts:
+		q = qReceiptExists
+	case !s.outbox:
 		return false, fmt.Errorf("step %d: %w", stepID, storage.ErrCommitUnknown)
 	}
 	eventID := events.ID(events.StepCompleted, stepID, id)
 	var one int
-	err := tx.QueryRowContext(ctx, qEventExists, eventID).Scan(&one)
+	err := tx.QueryRowContext(ctx, q, eventID).Scan(&one)
 	if errors.Is(err, sql.ErrNoRows) {
 		return false, nil
 	} else if err != nil {
@@ -394,6 +403,28 @@ func (s *Storage) storeNotNow(ctx context.Context, id, commandUUID string) error
 		return fmt.Errorf("storing NotNow (enrollment %s, command %s): %w", id, commandUUID, storage.ErrUnknownCommand)
 	}
 	return nil
+}
+
+// PruneReceipts deletes the receipts (WithReceipts) older than age by the
+// server's clock, at most 1000 a statement, and returns how many went. A
+// receipt is asked for only by the retry of its own transaction, within
+// seconds: an age of minutes is safe. Safe on any number of replicas.
+func (s *Storage) PruneReceipts(ctx context.Context, age time.Duration) (int64, error) {
+	var total int64
+	for {
+		res, err := s.db.ExecContext(ctx, qPruneReceipts, age.Microseconds())
+		if err != nil {
+			return total, fmt.Errorf("pruning receipts older than %v: %w", age, err)
+		}
+		n, err := res.RowsAffected()
+		if err != nil {
+			return total, fmt.Errorf("pruning receipts: %w", err)
+		}
+		total += n
+		if n < 1000 {
+			return total, nil
+		}
+	}
 }
 
 // StepStatus returns what is known of step id while it exists, and an

@@ -4,8 +4,12 @@ import (
 	"bytes"
 	"fmt"
 	"testing"
+	"time"
 
 	nanostorage "github.com/micromdm/nanocmd/engine/storage"
+
+	"github.com/stepcollect/stepcollect/internal/testkit"
+	"github.com/stepcollect/stepcollect/storage/mysql"
 )
 
 // The completed step carries every command's result whole and in
@@ -46,5 +50,33 @@ func TestACompletedStepCarriesEveryStoredResultWhole(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// WithReceipts, each completion leaves its receipt (one row, the evidence
+// a lost COMMIT answer is settled by); PruneReceipts takes those older
+// than its age, and only those.
+func TestACompletionsReceiptIsWrittenAndPrunedByAge(t *testing.T) {
+	t.Parallel()
+	b := setup(t, &setupOpts{extra: []mysql.Option{mysql.WithReceipts()}})
+	ctx := t.Context()
+	step := b.stored(t, "receipt", 3, 1)
+	for i := range step.IDs {
+		if r, err := b.answer(ctx, step, i, 0); err != nil || r == nil {
+			t.Fatalf("enrollment %d: %v, %v; want its step completed", i, r, err)
+		}
+	}
+	receipts := func() int {
+		return testkit.Count(t, b.db.DB, `SELECT COUNT(*) FROM stepcollect_receipts`)
+	}
+	if n := receipts(); n != 3 {
+		t.Fatalf("%d receipts, want one for each of the 3 completions", n)
+	}
+	if n, err := b.store.PruneReceipts(ctx, time.Hour); err != nil || n != 0 || receipts() != 3 {
+		t.Fatalf("pruning receipts older than an hour: %d, %v, %d left; want none pruned", n, err, receipts())
+	}
+	time.Sleep(10 * time.Millisecond)
+	if n, err := b.store.PruneReceipts(ctx, 5*time.Millisecond); err != nil || n != 3 || receipts() != 0 {
+		t.Fatalf("pruning receipts older than 5 ms: %d, %v, %d left; want all 3 pruned", n, err, receipts())
 	}
 }

@@ -262,12 +262,19 @@ func TestConnectionKilledMidTransactionIsRetriedAndTheResultCommitted(t *testing
 }
 
 // A COMMIT that went through but whose answer was lost is retried; the retry
-// finds the rows gone, finds the step.completed event that COMMIT wrote, and
-// so returns the completed step it had built, not "unknown command": the
-// result is committed and the caller must get it.
+// finds the rows gone, finds the step.completed event that COMMIT wrote (or,
+// without the outbox, its receipt), and so returns the completed step it had
+// built, not "unknown command": the result is committed and the caller must
+// get it.
 func TestLostCommitAnswerOnTheCompletingResultStillReturnsTheStep(t *testing.T) {
 	t.Parallel()
-	b, fc := setupFaulty(t, stepmysql.WithOutbox())
+	for name, opt := range map[string]stepmysql.Option{"outbox": stepmysql.WithOutbox(), "receipts": stepmysql.WithReceipts()} {
+		t.Run(name, func(t *testing.T) { lostCommitAnswerOnTheCompletingResult(t, opt) })
+	}
+}
+
+func lostCommitAnswerOnTheCompletingResult(t *testing.T, opt stepmysql.Option) {
+	b, fc := setupFaulty(t, opt)
 	ctx := t.Context()
 	step := b.stored(t, "lostcommit", 1, 2)
 

@@ -48,6 +48,7 @@ type Storage struct {
 	observer storage.Observer
 	txOpts   *sql.TxOptions
 	outbox   bool
+	receipts bool // WithReceipts
 	steps    *stepCache
 	inline   *releaseGroups
 	lookups  *lookups
@@ -71,6 +72,7 @@ type config struct {
 	isolation   sql.IsolationLevel
 	maxAttempts int
 	outbox      bool
+	receipts    bool
 	maxPacket   int
 }
 
@@ -110,6 +112,14 @@ func WithIsolation(l sql.IsolationLevel) Option { return func(c *config) { c.iso
 // directly, does not need it.
 func WithOutbox() Option { return func(c *config) { c.outbox = true } }
 
+// WithReceipts makes each enrollment's completion, without the outbox,
+// write a receipt in its transaction, so that a COMMIT whose answer was
+// lost is settled by it (the completed step returned, not an error) as the
+// outbox's event settles it. Receipts are for that moment only: call
+// PruneReceipts now and then. cmd/nanocmd uses it: its engine learns of a
+// completion only from the webhook's answer.
+func WithReceipts() Option { return func(c *config) { c.receipts = true } }
+
 // WithMaxAttempts bounds how many times one transaction is tried when it hits
 // a deadlock, a lock wait timeout or a broken connection. Default 10.
 func WithMaxAttempts(n int) Option { return func(c *config) { c.maxAttempts = n } }
@@ -133,6 +143,7 @@ func New(opts ...Option) (*Storage, error) {
 		sink:        cfg.sink,
 		observer:    cfg.observer,
 		outbox:      cfg.outbox,
+		receipts:    cfg.receipts && !cfg.outbox,
 		steps:       newStepCache(4096, 10*time.Minute),
 		inline:      newReleaseGroups(),
 		maxAttempts: max(cfg.maxAttempts, 1),

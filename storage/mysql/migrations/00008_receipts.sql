@@ -1,0 +1,15 @@
+-- A completion's receipt, for a storage without the outbox (WithReceipts:
+-- cmd/nanocmd, whose engine is told of a completion in the webhook's own
+-- request): written in the completion's transaction, it is the evidence a
+-- COMMIT whose answer was lost is settled by (docs/design.md, "How a result
+-- is committed"), and pruned once no retry can still ask for it.
+
+-- +goose Up
+CREATE TABLE IF NOT EXISTS stepcollect_receipts (
+    event_id   VARCHAR(64)  NOT NULL PRIMARY KEY,
+    created_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
+    KEY receipts_created_at (created_at)
+);
+
+-- +goose Down
+DROP TABLE IF EXISTS stepcollect_receipts;
