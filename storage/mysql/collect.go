@@ -44,7 +44,7 @@ func (s *Storage) afterRelease(ctx context.Context, stepIDs []int64) {
 		}
 		return
 	}
-	s.inline.collect(ctx, stepIDs, s.collectInline)
+	s.inline.collect(ctx, stepIDs)
 }
 
 // collectInline is the inline collection of stepIDs: a check without a

@@ -2,14 +2,15 @@ package mysql
 
 import (
 	"context"
-	"sync"
+
+	"github.com/stepcollect/stepcollect/internal/group"
 )
 
-// releaseGroups runs the inline collection (a storage without a
-// Collector) for many callers at once, as group commit runs one log flush
-// for many transactions: each caller's released steps join the group being
-// formed, one member of the group checks and collects the whole group, and
-// every member returns once a run that started after it joined has ended.
+// releaseGroups runs the inline collection (a storage without a release
+// sink) for many callers at once (internal/group): each caller's released
+// steps join the group being formed, one member of the group checks and
+// collects the whole group, and every member returns once a run that
+// started after it joined has ended.
 //
 // Why: the reference check of a step that a fan-out is releasing reads the
 // step_id index past every entry the enrollments before it delete-marked,
@@ -31,57 +32,31 @@ import (
 // by one member's context (the others still wait on it), only bounded by
 // the storage's own retries.
 type releaseGroups struct {
-	token   chan struct{} // held by the member running a group
-	mu      sync.Mutex
-	forming *releaseGroup // the group new releases join; nil when none
+	runner *group.Runner[*releaseSet]
 }
 
-type releaseGroup struct {
+// releaseSet is one group's distinct step ids, in arrival order.
+type releaseSet struct {
 	ids  []int64
 	seen map[int64]bool
-	done chan struct{} // closed when the group's run has ended
 }
 
-func newReleaseGroups() *releaseGroups {
-	return &releaseGroups{token: make(chan struct{}, 1)}
+// newReleaseGroups runs each group's distinct ids with run.
+func newReleaseGroups(run func(context.Context, []int64)) *releaseGroups {
+	return &releaseGroups{runner: group.New(func() *releaseSet { return &releaseSet{seen: map[int64]bool{}} },
+		func(ctx context.Context, g *releaseSet) { run(ctx, g.ids) })}
 }
 
 // collect adds stepIDs to the forming group and returns once a run of that
 // group has ended (or ctx ends first: the group still runs, by another
-// member or by the next caller's run). run gets the group's distinct ids.
-func (r *releaseGroups) collect(ctx context.Context, stepIDs []int64, run func(context.Context, []int64)) {
-	r.mu.Lock()
-	g := r.forming
-	if g == nil {
-		g = &releaseGroup{seen: map[int64]bool{}, done: make(chan struct{})}
-		r.forming = g
-	}
-	for _, id := range stepIDs {
-		if !g.seen[id] {
-			g.seen[id] = true
-			g.ids = append(g.ids, id)
+// member or by the next caller's run).
+func (r *releaseGroups) collect(ctx context.Context, stepIDs []int64) {
+	r.runner.Do(ctx, func(g *releaseSet) {
+		for _, id := range stepIDs {
+			if !g.seen[id] {
+				g.seen[id] = true
+				g.ids = append(g.ids, id)
+			}
 		}
-	}
-	r.mu.Unlock()
-
-	select {
-	case <-g.done:
-		return
-	case <-ctx.Done():
-		return
-	case r.token <- struct{}{}:
-	}
-	defer func() { <-r.token }()
-	r.mu.Lock()
-	if r.forming == g {
-		r.forming = nil // sealed: whoever comes now forms the next group
-	}
-	r.mu.Unlock()
-	select {
-	case <-g.done: // a member before us ran it; both were ready
-		return
-	default:
-	}
-	run(context.WithoutCancel(ctx), g.ids)
-	close(g.done)
+	})
 }

@@ -10,12 +10,9 @@ import (
 
 // formingLen is how many distinct ids the forming group holds.
 func (r *releaseGroups) formingLen() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.forming == nil {
-		return 0
-	}
-	return len(r.forming.ids)
+	n := 0
+	r.runner.Forming(func(g *releaseSet) { n = len(g.ids) })
+	return n
 }
 
 // A release that arrives while a run is in flight is not served by that
@@ -24,7 +21,6 @@ func (r *releaseGroups) formingLen() int {
 // that arrived meanwhile, in one run. A step released twice is checked once.
 func TestReleasesArrivingDuringARunWaitForTheNextOneAndShareIt(t *testing.T) {
 	t.Parallel()
-	r := newReleaseGroups()
 	var mu sync.Mutex
 	var runs [][]int64
 	firstStarted, releaseFirst := make(chan struct{}), make(chan struct{})
@@ -38,14 +34,15 @@ func TestReleasesArrivingDuringARunWaitForTheNextOneAndShareIt(t *testing.T) {
 			<-releaseFirst
 		}
 	}
+	r := newReleaseGroups(run)
 	ctx := t.Context()
 	firstDone := make(chan struct{})
-	go func() { r.collect(ctx, []int64{1, 1}, run); close(firstDone) }()
+	go func() { r.collect(ctx, []int64{1, 1}); close(firstDone) }()
 	<-firstStarted
 
 	returned := make(chan int64, 3)
 	for _, id := range []int64{2, 3, 4} {
-		go func() { r.collect(ctx, []int64{id}, run); returned <- id }()
+		go func() { r.collect(ctx, []int64{id}); returned <- id }()
 	}
 	for deadline := time.Now().Add(15 * time.Second); r.formingLen() < 3; {
 		if time.Now().After(deadline) {
@@ -80,13 +77,13 @@ func TestReleasesArrivingDuringARunWaitForTheNextOneAndShareIt(t *testing.T) {
 // context ending does not cancel the run.
 func TestAGroupsRunOutlivesTheContextOfTheMemberRunningIt(t *testing.T) {
 	t.Parallel()
-	r := newReleaseGroups()
 	ctx, cancel := context.WithCancel(context.Background())
 	var runErr error
-	r.collect(ctx, []int64{7}, func(rctx context.Context, _ []int64) {
+	r := newReleaseGroups(func(rctx context.Context, _ []int64) {
 		cancel()
 		runErr = rctx.Err()
 	})
+	r.collect(ctx, []int64{7})
 	if runErr != nil {
 		t.Errorf("the run's context ended with its member's: %v", runErr)
 	}

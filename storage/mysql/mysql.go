@@ -145,12 +145,12 @@ func New(opts ...Option) (*Storage, error) {
 		outbox:      cfg.outbox,
 		receipts:    cfg.receipts && !cfg.outbox,
 		steps:       newStepCache(4096, 10*time.Minute),
-		inline:      newReleaseGroups(),
 		maxAttempts: max(cfg.maxAttempts, 1),
 		backoffBase: 5 * time.Millisecond,
 		backoffMax:  500 * time.Millisecond,
 	}
 	s.lookups = s.newLookups()
+	s.inline = newReleaseGroups(s.collectInline)
 	if cfg.isolation != sql.LevelDefault {
 		s.txOpts = &sql.TxOptions{Isolation: cfg.isolation}
 	}
