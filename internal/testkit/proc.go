@@ -167,6 +167,21 @@ func (p *Proc) ResetPeakRSS() error {
 	return os.WriteFile(fmt.Sprintf("/proc/%d/clear_refs", p.PID()), []byte("5"), 0)
 }
 
+// exited reports whether the process has ended, reaped or not: nothing
+// waits on it until the test's cleanup, so until then an ended process is
+// a zombie (state Z in /proc/<pid>/stat), or gone.
+func (p *Proc) exited() bool {
+	if p.Cmd.ProcessState != nil {
+		return true
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.PID()))
+	if err != nil {
+		return os.IsNotExist(err)
+	}
+	i := strings.LastIndexByte(string(b), ')')
+	return i >= 0 && i+2 < len(b) && b[i+2] == 'Z'
+}
+
 // Logs is everything the process wrote so far.
 func (p *Proc) Logs() string { return p.logs.String() }
 
@@ -189,7 +204,7 @@ func AwaitHTTP(t testing.TB, p *Proc, url string, within time.Duration) {
 	var last string
 	exited := false
 	_, ok := Watch(time.Now().Add(within), func() bool {
-		if p.Cmd.ProcessState != nil {
+		if p.exited() {
 			exited = true
 			return true // no use waiting for a process that is gone
 		}
