@@ -101,7 +101,8 @@ func (e *e2eResult) markdown() string {
 		"flight most of its statements open a connection of their own and close it after (the connections row). " +
 		"**Every enrollment done**: `id_commands` holds no row (NanoCMD deletes an enrollment's rows, and collects the " +
 		"step, in the request of the result that completes it), looked at once the last webhook is answered and every 10 ms after " +
-		"that while it still holds rows: the later of the last answer and the look that found it empty.\n")
+		"that while it still holds rows, and then every enrollment's values in its inventory route (`GET /inventory` with the N ids, " +
+		"every 10 ms until they are all there): the later of the last answer and the look that found them all.\n")
 	fmt.Fprintf(&b, "- **%s**: the real `cmd/api` and one `cmd/worker` at their defaults (log level info) but for the worker's sweeper, "+
 		"off (`-sweep-interval 0`, as in the service rows; NanoCMD's own worker, every 300 s by default, does not run within the run "+
 		"either), Redis a private `redis-server`; the step is stored with one %s. **Every enrollment done**: the arrival of the last "+
