@@ -177,10 +177,10 @@ func (s *Server) Run(ctx context.Context) error {
 		}()
 	}
 	if s.storage.sweeper != nil && s.cfg.SweepInterval > 0 {
-		go s.sweep(ctx, time.Duration(s.cfg.SweepInterval)*time.Second)
+		go every(ctx, time.Duration(s.cfg.SweepInterval)*time.Second, s.sweep)
 	}
 	if s.storage.steps != nil {
-		go s.pruneReceipts(ctx)
+		go every(ctx, time.Minute, s.pruneReceipts)
 	}
 
 	if h := s.storage.handoff; h != nil {
@@ -218,11 +218,23 @@ func (s *Server) Run(ctx context.Context) error {
 	return err
 }
 
-// sweep collects, every interval, the steps whose inline collection did
-// not happen (a crash between the commit and the collection, a claim that
-// was skipped). Safe on any number of replicas: claims are SKIP LOCKED.
-func (s *Server) sweep(ctx context.Context, every time.Duration) {
-	t := time.NewTicker(every)
+// sweep collects the steps whose inline collection did not happen (a crash
+// between the commit and the collection, a claim that was skipped). Safe on
+// any number of replicas: claims are SKIP LOCKED.
+func (s *Server) sweep(ctx context.Context) {
+	res, err := s.storage.sweeper.Sweep(ctx)
+	ev := s.zl.Debug()
+	if err != nil && ctx.Err() == nil {
+		ev = s.zl.Warn().Err(err)
+	} else if res.Collected > 0 {
+		ev = s.zl.Info()
+	}
+	ev.Str("component", "sweeper").Int("examined", res.Examined).Int("collected", res.Collected).Msg("sweep")
+}
+
+// every calls fn each interval until ctx ends.
+func every(ctx context.Context, interval time.Duration, fn func(context.Context)) {
+	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
 		select {
@@ -230,14 +242,7 @@ func (s *Server) sweep(ctx context.Context, every time.Duration) {
 			return
 		case <-t.C:
 		}
-		res, err := s.storage.sweeper.Sweep(ctx)
-		ev := s.zl.Debug()
-		if err != nil && ctx.Err() == nil {
-			ev = s.zl.Warn().Err(err)
-		} else if res.Collected > 0 {
-			ev = s.zl.Info()
-		}
-		ev.Str("component", "sweeper").Int("examined", res.Examined).Int("collected", res.Collected).Msg("sweep")
+		fn(ctx)
 	}
 }
 
@@ -245,23 +250,14 @@ func (s *Server) sweep(ctx context.Context, every time.Duration) {
 // only by the retry of its own transaction, within seconds.
 const receiptAge = 10 * time.Minute
 
-// pruneReceipts deletes old completion receipts every minute, on every
-// replica (the deletes are by age, a bounded batch at a time).
+// pruneReceipts deletes old completion receipts, on every replica (the
+// deletes are by age, a bounded batch at a time).
 func (s *Server) pruneReceipts(ctx context.Context) {
-	t := time.NewTicker(time.Minute)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		n, err := s.storage.steps.PruneReceipts(ctx, receiptAge)
-		if err != nil && ctx.Err() == nil {
-			s.zl.Warn().Err(err).Str("component", "receipts").Msg("pruning completion receipts")
-		} else if n > 0 {
-			s.zl.Debug().Str("component", "receipts").Int64("pruned", n).Msg("pruned completion receipts")
-		}
+	n, err := s.storage.steps.PruneReceipts(ctx, receiptAge)
+	if err != nil && ctx.Err() == nil {
+		s.zl.Warn().Err(err).Str("component", "receipts").Msg("pruning completion receipts")
+	} else if n > 0 {
+		s.zl.Debug().Str("component", "receipts").Int64("pruned", n).Msg("pruned completion receipts")
 	}
 }
 

@@ -48,16 +48,7 @@ func TestPartsArrivingDuringARunShareTheNextRun(t *testing.T) {
 			got <- g.list
 		}()
 	}
-	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(time.Millisecond) {
-		n := 0
-		r.Forming(func(g *ids) { n = len(g.list) })
-		if n == 3 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the parts never joined a group")
-		}
-	}
+	awaitForming(t, r, 3)
 	close(releaseFirst)
 	<-firstDone
 	for range 3 {
@@ -103,16 +94,7 @@ func TestACancelledCallersPartStillRuns(t *testing.T) {
 		_, err := r.Do(ctx, func(g *ids) { g.list = append(g.list, 2) })
 		errc <- err
 	}()
-	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(time.Millisecond) {
-		n := 0
-		r.Forming(func(g *ids) { n = len(g.list) })
-		if n == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the part never joined")
-		}
-	}
+	awaitForming(t, r, 1)
 	cancel()
 	if err := <-errc; !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled caller: %v, want context.Canceled", err)
@@ -144,5 +126,20 @@ func TestARunOutlivesItsRunnersContext(t *testing.T) {
 	<-done
 	if runErr != nil {
 		t.Errorf("the run's context ended with its runner's: %v", runErr)
+	}
+}
+
+// awaitForming waits until the forming group holds n parts.
+func awaitForming(t *testing.T, r *group.Runner[*ids], n int) {
+	t.Helper()
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(time.Millisecond) {
+		k := 0
+		r.Forming(func(g *ids) { k = len(g.list) })
+		if k == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the forming group holds %d parts, want %d", k, n)
+		}
 	}
 }
