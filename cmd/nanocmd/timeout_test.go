@@ -36,3 +36,18 @@ func TestAnUnansweredStepIsRePushedThenTimesOut(t *testing.T) {
 	}
 	c.noCommandEnqueuedTwice(t)
 }
+
+// A step left uncollected (as after a crash between a completion's commit
+// and its collection: a steps row nothing references) is collected by the
+// periodic sweep, -sweep-interval seconds apart.
+func TestTheSweepCollectsAStepLeftBehind(t *testing.T) {
+	db := testkit.NewDB(t, &testkit.DBOptions{Empty: true})
+	startMySQL(t, db, "-sweep-interval", "1")
+	if _, err := db.DB.ExecContext(t.Context(), `INSERT INTO steps (workflow_name, instance_id) VALUES ('io.micromdm.wf.inventory.v1', 'left-behind')`); err != nil {
+		t.Fatal(err)
+	}
+	testkit.WaitUntil(t, 15*time.Second, "the step left behind collected", func() (bool, any) {
+		n := testkit.Count(t, db.DB, `SELECT COUNT(*) FROM steps`)
+		return n == 0, n
+	})
+}
