@@ -238,7 +238,7 @@ func (c *completion) release(ctx context.Context, tx *sql.Tx, ret *nanostorage.S
 		}
 	}
 	if c.s.receipts {
-		if _, err := tx.ExecContext(ctx, qInsertReceipt, events.ID(events.StepCompleted, c.stepID, c.id)); err != nil {
+		if _, err := tx.ExecContext(ctx, qInsertReceipt, c.stepID, c.id); err != nil {
 			return fmt.Errorf("writing the receipt of step %d: %w", c.stepID, err)
 		}
 	}
@@ -279,20 +279,22 @@ func (c *completion) finish(ctx context.Context, err error) (*nanostorage.StepRe
 // is the proof. Without either nothing can prove it either way, and the
 // caller gets an error rather than a guess.
 func (s *Storage) completionCommitted(ctx context.Context, tx *sql.Tx, stepID int64, id string) (bool, error) {
-	q := qEventExists
+	eventID := events.ID(events.StepCompleted, stepID, id)
+	var row *sql.Row
 	switch {
 	case s.receipts:
-		q = qReceiptExists
-	case !s.outbox:
+		row = tx.QueryRowContext(ctx, qReceiptExists, stepID, id)
+	case s.outbox:
+		row = tx.QueryRowContext(ctx, qEventExists, eventID)
+	default:
 		return false, fmt.Errorf("step %d: %w", stepID, storage.ErrCommitUnknown)
 	}
-	eventID := events.ID(events.StepCompleted, stepID, id)
 	var one int
-	err := tx.QueryRowContext(ctx, q, eventID).Scan(&one)
+	err := row.Scan(&one)
 	if errors.Is(err, sql.ErrNoRows) {
 		return false, nil
 	} else if err != nil {
-		return false, fmt.Errorf("looking for event %s after a lost COMMIT answer: %w", eventID, err)
+		return false, fmt.Errorf("looking for the evidence of step %d's completion by enrollment %s (event %s) after a lost COMMIT answer: %w", stepID, id, eventID, err)
 	}
 	return true, nil
 }

@@ -239,9 +239,10 @@ VALUES (?, ?, ?, ?, ?)`
 	qEventExists = `SELECT 1 FROM stepcollect_outbox WHERE event_id = ?`
 
 	// A completion's receipt without the outbox (WithReceipts), the same
-	// evidence by the same id; pruned by age, a bounded batch at a time.
-	qInsertReceipt = `INSERT INTO stepcollect_receipts (event_id) VALUES (?)`
-	qReceiptExists = `SELECT 1 FROM stepcollect_receipts WHERE event_id = ?`
+	// evidence by step and enrollment; pruned by age, a bounded batch at a
+	// time.
+	qInsertReceipt = `INSERT INTO stepcollect_receipts (step_id, enrollment_id) VALUES (?, ?)`
+	qReceiptExists = `SELECT 1 FROM stepcollect_receipts WHERE step_id = ? AND enrollment_id = ?`
 	qPruneReceipts = `DELETE FROM stepcollect_receipts WHERE created_at < NOW(6) - INTERVAL ? MICROSECOND ORDER BY created_at LIMIT 1000`
 
 	// After a COMMIT whose answer was lost: is the step that try inserted
