@@ -259,8 +259,47 @@ func (c sessionConnector) Connect(ctx context.Context) (driver.Conn, error) {
 			return nil, fmt.Errorf("setting up the session (%s): %w", q, err)
 		}
 	}
+	if err := causalReads(ctx, conn); err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("setting up the session (Galera's wsrep_sync_wait): %w", err)
+	}
 	return conn, nil
 }
+
+// causalReads makes a Galera node's session wait, before each read, until
+// the node has applied every write the cluster committed before the read
+// began (wsrep_sync_wait's READ bit, kept beside any other the server
+// sets). Without it a node may read another node's commit as not yet
+// there: a result whose step was stored through another node was refused
+// as "no step holds this command", and an enrollment's last result read
+// its first, committed through another node, as outstanding, so that its
+// step never completed (storage/mysql/galera_test.go; docs/operations.md,
+// "Database clusters"). MySQL has no wsrep_on (error 1193) and MariaDB
+// without Galera has it off: nothing is set there. One statement per new
+// connection, none per transaction.
+func causalReads(ctx context.Context, conn driver.Conn) error {
+	rows, err := conn.(driver.QueryerContext).QueryContext(ctx, "SELECT @@wsrep_on", nil)
+	var me *mysql.MySQLError
+	if errors.As(err, &me) && me.Number == errUnknownSystemVariable {
+		return nil
+	} else if err != nil {
+		return err
+	}
+	v := make([]driver.Value, 1)
+	err = rows.Next(v)
+	rows.Close()
+	if err != nil {
+		return err
+	}
+	if on, _ := v[0].(int64); on != 1 {
+		return nil
+	}
+	_, err = conn.(driver.ExecerContext).ExecContext(ctx, "SET SESSION wsrep_sync_wait = @@wsrep_sync_wait | 1", nil)
+	return err
+}
+
+// errUnknownSystemVariable is MySQL's answer to SELECT @@wsrep_on.
+const errUnknownSystemVariable = 1193
 
 // clientMaxPacket is the most go-sql-driver sends on a pool from dsn: its
 // maxAllowedPacket, or the driver's default (also for a pool from WithDB,
