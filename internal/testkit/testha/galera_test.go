@@ -17,6 +17,19 @@ func TestGaleraReplicatesCertifiesAndSurvivesANode(t *testing.T) {
 	g := StartGalera(t, 3)
 	ctx := t.Context()
 	a, c := g.Nodes[0].Admin, g.Nodes[2].Admin
+	// reads that wait for the node to have applied the cluster's commits
+	// (without it a node may not show another's commit yet)
+	read := func(db *sql.DB, q string, dest ...any) error {
+		conn, err := db.Conn(ctx)
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		if _, err := conn.ExecContext(ctx, "SET SESSION wsrep_sync_wait = 1"); err != nil {
+			return err
+		}
+		return conn.QueryRowContext(ctx, q).Scan(dest...)
+	}
 	for _, q := range []string{
 		"CREATE DATABASE ha_galera",
 		"CREATE TABLE ha_galera.t (id INT PRIMARY KEY, v INT NOT NULL)",
@@ -27,7 +40,7 @@ func TestGaleraReplicatesCertifiesAndSurvivesANode(t *testing.T) {
 		}
 	}
 	var v int
-	if err := c.QueryRowContext(ctx, "SELECT v FROM ha_galera.t WHERE id = 1").Scan(&v); err != nil {
+	if err := read(c, "SELECT v FROM ha_galera.t WHERE id = 1", &v); err != nil {
 		t.Fatalf("the row committed on node 0, read on node 2: %v", err)
 	}
 
@@ -65,7 +78,7 @@ func TestGaleraReplicatesCertifiesAndSurvivesANode(t *testing.T) {
 	if _, err := c.ExecContext(ctx, "UPDATE ha_galera.t SET v = v + 1 WHERE id = 1"); err != nil {
 		t.Fatalf("a write with one node of three gone: %v", err)
 	}
-	if err := a.QueryRowContext(ctx, "SELECT v FROM ha_galera.t WHERE id = 1").Scan(&v); err != nil || v != 2 {
+	if err := read(a, "SELECT v FROM ha_galera.t WHERE id = 1", &v); err != nil || v != 2 {
 		t.Fatalf("v on node 0: %d, %v; want 2 (one claim, one write)", v, err)
 	}
 }

@@ -95,7 +95,10 @@ func newMariaDB(dir string, port int, cfg MariaDBConfig) (*SQLServer, error) {
 		// is root's, so that is who it runs as
 		user = []string{"--user=root"}
 	}
-	install := append(append([]string{"--no-defaults"}, user...), "--datadir="+data,
+	// its own tmpdir: installs running at once in the shared /tmp removed
+	// one another's temporary tables ("Error on delete of
+	// '/tmp/#sql-temptable-…'"), as three Galera nodes' installs did
+	install := append(append([]string{"--no-defaults"}, user...), "--datadir="+data, "--tmpdir="+dir,
 		"--auth-root-authentication-method=normal", "--skip-test-db")
 	if out, err := exec.Command("mariadb-install-db", install...).CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("mariadb-install-db %v: %v\n%s", install, err, out)
