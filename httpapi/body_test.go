@@ -174,18 +174,7 @@ func TestWholeBodiesWaitForTheirDecodingShareAndLeaveWhenTheirClientGoes(t *test
 	b := newBudgetServer(t, httpapi.Config{Store: store, APIKey: apiKey, MaxBody: 64 << 10, MaxInflightBodyBytes: 64 << 10})
 
 	// The first holds the whole decoding budget in its handler (the store).
-	first := make(chan int, 1)
-	go func() {
-		req, _ := http.NewRequest("POST", b.srv.URL+"/v1/steps", strings.NewReader(string(testkit.V1StepJSON(1, 1))+strings.Repeat(" ", 20<<10)))
-		req.Header.Set("Authorization", "Bearer "+apiKey)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			first <- -1
-			return
-		}
-		resp.Body.Close()
-		first <- resp.StatusCode
-	}()
+	first := postStepPadded(b.srv.URL)
 	<-store.entered
 	b.awaitInflight(t, 64<<10)
 
@@ -258,18 +247,7 @@ func TestBodyBudgetWaitDoesNotCostARequestItsTimeouts(t *testing.T) {
 	defer srv.Close()
 
 	// The first holds the whole budget in its handler (the store).
-	first := make(chan int, 1)
-	go func() {
-		req, _ := http.NewRequest("POST", srv.URL+"/v1/steps", strings.NewReader(string(testkit.V1StepJSON(1, 1))+strings.Repeat(" ", 20<<10)))
-		req.Header.Set("Authorization", "Bearer "+apiKey)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			first <- -1
-			return
-		}
-		resp.Body.Close()
-		first <- resp.StatusCode
-	}()
+	first := postStepPadded(srv.URL)
 	<-store.entered
 
 	// The second, larger than what the server reads with its headers,
@@ -302,4 +280,22 @@ func TestBodyBudgetWaitDoesNotCostARequestItsTimeouts(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the second request was not answered once the budget was free")
 	}
+}
+
+// postStepPadded sends, in the background, a POST /v1/steps of one id and
+// one command padded to 20 KiB, and gives its status (-1: no answer).
+func postStepPadded(url string) <-chan int {
+	status := make(chan int, 1)
+	go func() {
+		req, _ := http.NewRequest("POST", url+"/v1/steps", strings.NewReader(string(testkit.V1StepJSON(1, 1))+strings.Repeat(" ", 20<<10)))
+		req.Header.Set("Authorization", "Bearer "+apiKey)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			status <- -1
+			return
+		}
+		resp.Body.Close()
+		status <- resp.StatusCode
+	}()
+	return status
 }

@@ -118,10 +118,9 @@ func (r *runner) e2eNanoCMD(srv nanocmdServer, db dbTarget, n, inflight int, pro
 		jobs[i] = e2eJob{id: id, cmds: cmds[id]}
 	}
 
-	run := &e2eRun{Impl: srv.Impl, Server: db.Name, Start: start, Service: []string{"nanocmd"}, DB: db.proc,
-		ProfileNote: "NanoCMD has no profiling flag or endpoint: no profile."}
-	if srv != nanocmdOwn {
-		run.ProfileNote = ""
+	run := &e2eRun{Impl: srv.Impl, Server: db.Name, Start: start, Service: []string{"nanocmd"}, DB: db.proc}
+	if profile == "" {
+		run.ProfileNote = "NanoCMD has no profiling flag or endpoint: no profile."
 	}
 	pids := map[string]int{"nanocmd": nc.cmd.Process.Pid, "bench": os.Getpid()}
 	if db.pid > 0 {
