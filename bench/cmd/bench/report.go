@@ -78,6 +78,8 @@ func report(results []*fanout.Result, side sideRuns, version string, mysqlSrv *d
 			b.WriteString("## Control: a step each\n\nThe same N results, each enrollment with its own step: nothing shared, so nothing to contend over.\n\n")
 		} else {
 			b.WriteString("## Fan-out: one step to N enrollments, all reporting at once\n\n")
+		}
+		if !control && len(sortedNs(results)) >= 2 { // see charts
 			b.WriteString("![wall time by N, stricter](fanout-stricter.png) ![wall time by N, defaults](fanout-defaults.png)\n\n")
 			b.WriteString("![time per result by N, stricter](perresult-stricter.png) ![time per result by N, defaults](perresult-defaults.png)\n\n")
 		}
@@ -465,8 +467,10 @@ var palette = map[string]color.Color{
 // per server setting, log scales on both axes.
 func charts(results []*fanout.Result, ns []int, outDir string) error {
 	idx := index(results)
-	if len(sortedNs(results)) == 0 {
-		return nil // no fan-out rows (-only named other runs)
+	if len(sortedNs(results)) < 2 {
+		// no fan-out rows (-only named other runs), or one N (-n 3000):
+		// a line by N needs two, and a log axis of one value has no range
+		return nil
 	}
 	for _, cfg := range configs {
 		wall := func(r *fanout.Result, _ int) float64 { return r.WallMS }
