@@ -55,7 +55,14 @@ func (s *Storage) StoreCommandResponseAndRetrieveCompletedStep(ctx context.Conte
 	}
 	c := &completion{s: s, id: id, sc: sc}
 	start := time.Now()
-	err := s.inTx(ctx, storage.OpStoreResult, c.try)
+	var err error
+	if s.twoTrips {
+		err = s.inConnTx(ctx, storage.OpStoreResult, c.try)
+	} else {
+		err = s.inTx(ctx, storage.OpStoreResult, func(ctx context.Context, tx *sql.Tx, a *attempt) error {
+			return c.try(ctx, sqlTxn{tx}, a)
+		})
+	}
 	s.observer.ResultCommitted(time.Since(start), c.ret != nil, err)
 	return c.finish(ctx, err)
 }
@@ -97,8 +104,10 @@ type completion struct {
 
 // try is the transaction body: lock the enrollment's rows of the step,
 // record the result, and, when it was the last outstanding one, read the
-// step and release the rows (with its step.completed in the outbox).
-func (c *completion) try(ctx context.Context, tx *sql.Tx, a *attempt) error {
+// step and release the rows (with its step.completed in the outbox). It
+// reads everything before it writes anything, so that a connTx sends the
+// writes with COMMIT (see conntx.go).
+func (c *completion) try(ctx context.Context, tx txn, a *attempt) error {
 	c.ret, c.stepID, c.rows = nil, 0, nil
 	rows, err := lockEnrollmentStepRows(ctx, tx, c.id, c.sc.CommandUUID)
 	if err != nil {
@@ -122,10 +131,7 @@ func (c *completion) try(ctx context.Context, tx *sql.Tx, a *attempt) error {
 	if outstanding > 0 {
 		// Kept for whichever of this enrollment's commands comes last.
 		// Idempotent, so a retry after a lost COMMIT answer is harmless.
-		if _, err := tx.ExecContext(ctx, qRecordResult, true, c.sc.ResultReport, c.id, c.sc.CommandUUID); err != nil {
-			return fmt.Errorf("recording result: %w", err)
-		}
-		return nil
+		return tx.write(ctx, "recording result", qRecordResult, true, c.sc.ResultReport, c.id, c.sc.CommandUUID)
 	}
 	ret, err := c.readCompletedStep(ctx, tx, own, len(rows) > 1)
 	if err != nil {
@@ -142,7 +148,7 @@ func (c *completion) try(ctx context.Context, tx *sql.Tx, a *attempt) error {
 // lost COMMIT answer of a try that completed the step they are gone because
 // that try deleted them, or a cancel or a timeout did: only the outbox event
 // that try wrote tells which. Otherwise the command is not one of ours.
-func (c *completion) rowsGone(ctx context.Context, tx *sql.Tx, a *attempt) error {
+func (c *completion) rowsGone(ctx context.Context, tx txn, a *attempt) error {
 	if a.ambiguousCommit && c.prev != nil {
 		committed, err := c.s.completionCommitted(ctx, tx, c.prevStepID, c.id)
 		if err != nil {
@@ -174,7 +180,7 @@ func ownAndOutstanding(rows []idCommandRow, commandUUID string) (own *idCommandR
 // the enrollment had others, the results stored before it: read once, now
 // that the step is known to complete (their sizes were checked as each was
 // stored).
-func (c *completion) readCompletedStep(ctx context.Context, tx *sql.Tx, own *idCommandRow, others bool) (*nanostorage.StepResult, error) {
+func (c *completion) readCompletedStep(ctx context.Context, tx txn, own *idCommandRow, others bool) (*nanostorage.StepResult, error) {
 	step, err := c.s.readStep(ctx, tx, c.stepID)
 	if err != nil {
 		return nil, err
@@ -228,18 +234,23 @@ func (c *completion) inlinedResults() ([]nanostorage.StepCommandResult, bool) {
 // release deletes the enrollment's rows of the completed step and, with
 // the outbox, writes its step.completed in the same transaction (the
 // evidence a lost COMMIT answer is settled by).
-func (c *completion) release(ctx context.Context, tx *sql.Tx, ret *nanostorage.StepResult) error {
-	if _, err := tx.ExecContext(ctx, qDeleteEnrollmentStepRows, c.id, c.stepID); err != nil {
-		return fmt.Errorf("releasing step %d: %w", c.stepID, err)
+func (c *completion) release(ctx context.Context, tx txn, ret *nanostorage.StepResult) error {
+	if err := tx.write(ctx, fmt.Sprintf("releasing step %d", c.stepID), qDeleteEnrollmentStepRows, c.id, c.stepID); err != nil {
+		return err
 	}
 	if c.s.outbox {
-		if _, err := c.s.insertEvent(ctx, tx, events.FromStepResult(events.StepCompleted, c.stepID, ret, time.Now()), c.id); err != nil {
+		ev := events.FromStepResult(events.StepCompleted, c.stepID, ret, time.Now())
+		row, err := c.s.outboxRow(ev, c.id)
+		if err != nil {
+			return err
+		}
+		if err := tx.write(ctx, fmt.Sprintf("writing %s event %s to the outbox", ev.Type, ev.EventID), qInsertOutbox, row...); err != nil {
 			return err
 		}
 	}
 	if c.s.receipts {
-		if _, err := tx.ExecContext(ctx, qInsertReceipt, c.stepID, c.id); err != nil {
-			return fmt.Errorf("writing the receipt of step %d: %w", c.stepID, err)
+		if err := tx.write(ctx, fmt.Sprintf("writing the receipt of step %d", c.stepID), qInsertReceipt, c.stepID, c.id); err != nil {
+			return err
 		}
 	}
 	return nil
@@ -278,7 +289,7 @@ func (c *completion) finish(ctx context.Context, err error) (*nanostorage.StepRe
 // deterministic id and is written in the same transaction, so its presence
 // is the proof. Without either nothing can prove it either way, and the
 // caller gets an error rather than a guess.
-func (s *Storage) completionCommitted(ctx context.Context, tx *sql.Tx, stepID int64, id string) (bool, error) {
+func (s *Storage) completionCommitted(ctx context.Context, tx txn, stepID int64, id string) (bool, error) {
 	eventID := events.ID(events.StepCompleted, stepID, id)
 	var row *sql.Row
 	switch {
@@ -299,7 +310,7 @@ func (s *Storage) completionCommitted(ctx context.Context, tx *sql.Tx, stepID in
 	return true, nil
 }
 
-func lockEnrollmentStepRows(ctx context.Context, tx *sql.Tx, id, commandUUID string) ([]idCommandRow, error) {
+func lockEnrollmentStepRows(ctx context.Context, tx txn, id, commandUUID string) ([]idCommandRow, error) {
 	rs, err := tx.QueryContext(ctx, qLockEnrollmentStepRows, id, id, commandUUID)
 	if err != nil {
 		return nil, fmt.Errorf("locking enrollment rows: %w", err)
@@ -321,7 +332,7 @@ func lockEnrollmentStepRows(ctx context.Context, tx *sql.Tx, id, commandUUID str
 
 // readStep reads step stepID's context. It never changes, so every
 // enrollment of a fan-out but the first finds it cached.
-func (s *Storage) readStep(ctx context.Context, tx *sql.Tx, stepID int64) (nanostorage.StepContext, error) {
+func (s *Storage) readStep(ctx context.Context, tx txn, stepID int64) (nanostorage.StepContext, error) {
 	step, ok := s.steps.get(stepID)
 	if ok {
 		return step, nil
@@ -340,7 +351,7 @@ func (s *Storage) readStep(ctx context.Context, tx *sql.Tx, stepID int64) (nanos
 // step.completed event of id's step, with every result id stored for it
 // and this one, would not fit an outbox INSERT. It reads the step's names
 // and the length of its context, never the context or the results.
-func (s *Storage) checkCompletedEvent(ctx context.Context, tx *sql.Tx, stepID int64, id string, rows []idCommandRow, own *idCommandRow, n int) error {
+func (s *Storage) checkCompletedEvent(ctx context.Context, tx txn, stepID int64, id string, rows []idCommandRow, own *idCommandRow, n int) error {
 	var size eventSize
 	if step, ok := s.steps.get(stepID); ok {
 		size.step(step.WorkflowName, step.InstanceID, step.Name, len(step.Context))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"database/sql/driver"
+	"errors"
 	"io"
 	"strings"
 	"sync"
@@ -48,14 +49,18 @@ type faultConnector struct {
 	betweenTries func()
 	dropped      int
 	refused      int
+	// twoTrips counts the COMMITs sent at the end of a multi-statement
+	// query (a completion in two round trips) rather than by Tx.Commit.
+	twoTrips int
 }
 
-func newFaultDB(t *testing.T, db *testkit.DB) (*sql.DB, *faultConnector) {
+func newFaultDB(t *testing.T, db *testkit.DB, multi bool) (*sql.DB, *faultConnector) {
 	t.Helper()
 	cfg, err := mysql.ParseDSN(db.DSN)
 	if err != nil {
 		t.Fatal(err)
 	}
+	cfg.MultiStatements = multi
 	base, err := mysql.NewConnector(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -160,7 +165,47 @@ func (f *faultConn) ExecContext(ctx context.Context, query string, args []driver
 		return nil, err
 	}
 	f.c.maybeKill(ctx, f.id, query)
-	return f.Conn.(driver.ExecerContext).ExecContext(ctx, query, args)
+	exec := f.Conn.(driver.ExecerContext).ExecContext
+	stmts, commits := strings.CutSuffix(query, "; COMMIT")
+	if !commits {
+		return exec(ctx, query, args)
+	}
+	// A COMMIT sent with the statements before it: the same faults as
+	// faultTx.Commit's.
+	fault, between := f.c.takeCommitFault()
+	f.c.mu.Lock()
+	f.c.twoTrips++
+	f.c.mu.Unlock()
+	switch {
+	case errors.Is(fault, mysql.ErrInvalidConn):
+		// nothing reached the server, and the connection the server saw
+		// go rolled back what it held
+		if _, err := exec(ctx, "ROLLBACK", nil); err != nil {
+			return nil, err
+		}
+	case fault != nil:
+		// the statements ran and the server answered no to COMMIT
+		if _, err := exec(ctx, stmts+"; ROLLBACK", args); err != nil {
+			return nil, err
+		}
+	}
+	if fault != nil {
+		if between != nil {
+			between()
+		}
+		return nil, fault
+	}
+	res, err := exec(ctx, query, args)
+	if err != nil {
+		return nil, err
+	}
+	if f.c.takeLostCommit() {
+		if between != nil {
+			between()
+		}
+		return nil, mysql.ErrInvalidConn // committed, but the client never heard
+	}
+	return res, nil
 }
 
 func (f *faultConn) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
@@ -193,20 +238,7 @@ type faultTx struct {
 }
 
 func (t *faultTx) Commit() error {
-	t.c.mu.Lock()
-	var fault error
-	switch {
-	case t.c.dropCommits > 0:
-		t.c.dropCommits--
-		t.c.dropped++
-		fault = mysql.ErrInvalidConn // never reached the server
-	case t.c.refuseCommits > 0:
-		t.c.refuseCommits--
-		t.c.refused++
-		fault = t.c.refuseErr // the server said no
-	}
-	between := t.c.betweenTries
-	t.c.mu.Unlock()
+	fault, between := t.c.takeCommitFault()
 	if fault != nil {
 		if err := t.Tx.Rollback(); err != nil {
 			return err
@@ -228,17 +260,77 @@ func (t *faultTx) Commit() error {
 	return nil
 }
 
+// takeCommitFault says what the next COMMIT meets: nil (it commits), or
+// the error it answers after rolling back instead, and what runs between
+// the tries.
+func (c *faultConnector) takeCommitFault() (error, func()) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var fault error
+	switch {
+	case c.dropCommits > 0:
+		c.dropCommits--
+		c.dropped++
+		fault = mysql.ErrInvalidConn // never reached the server
+	case c.refuseCommits > 0:
+		c.refuseCommits--
+		c.refused++
+		fault = c.refuseErr // the server said no
+	}
+	return fault, c.betweenTries
+}
+
+// completionPaths are the two ways a completion runs, each to be faulted:
+// database/sql's transaction (a pool without multiStatements, as WithDB may
+// give) and two round trips (OpenDB's pools).
+var completionPaths = []struct {
+	name  string
+	multi bool
+}{{"database-sql", false}, {"two-round-trips", true}}
+
+// onBothPaths runs test on each completion path.
+func onBothPaths(t *testing.T, test func(t *testing.T, multi bool)) {
+	for _, p := range completionPaths {
+		t.Run(p.name, func(t *testing.T) { test(t, p.multi) })
+	}
+}
+
+// checkPath fails t unless the completions ran the path asked for.
+func (c *faultConnector) checkPath(t *testing.T, multi bool) {
+	t.Helper()
+	c.mu.Lock()
+	n := c.twoTrips
+	c.mu.Unlock()
+	if multi && n == 0 {
+		t.Fatal("no COMMIT was sent with its statements: the two-round-trip path never ran")
+	}
+	if !multi && n > 0 {
+		t.Fatalf("%d COMMITs were sent with their statements on a pool without multiStatements", n)
+	}
+}
+
+// setupFaulty is a storage on a faulty pool with multiStatements on, the
+// path OpenDB's pools take; setupFaultyPath chooses.
 func setupFaulty(t *testing.T, extra ...stepmysql.Option) (*bundle, *faultConnector) {
 	t.Helper()
+	return setupFaultyPath(t, true, extra...)
+}
+
+func setupFaultyPath(t *testing.T, multi bool, extra ...stepmysql.Option) (*bundle, *faultConnector) {
+	t.Helper()
 	db := testkit.NewDB(t, nil)
-	fdb, fc := newFaultDB(t, db)
+	fdb, fc := newFaultDB(t, db, multi)
 	faulty := &testkit.DB{DB: fdb, Name: db.Name, DSN: db.DSN}
 	return setup(t, &setupOpts{db: faulty, extra: extra}), fc
 }
 
 func TestConnectionKilledMidTransactionIsRetriedAndTheResultCommitted(t *testing.T) {
 	t.Parallel()
-	b, fc := setupFaulty(t)
+	onBothPaths(t, connectionKilledMidTransaction)
+}
+
+func connectionKilledMidTransaction(t *testing.T, multi bool) {
+	b, fc := setupFaultyPath(t, multi)
 	ctx := t.Context()
 	step := b.stored(t, "killed", 2, 1)
 	fc.arm(func(fc *faultConnector) {
@@ -259,6 +351,7 @@ func TestConnectionKilledMidTransactionIsRetriedAndTheResultCommitted(t *testing
 	if left != 0 {
 		t.Errorf("rows of the enrollment left: %d", left)
 	}
+	fc.checkPath(t, multi)
 }
 
 // A COMMIT that went through but whose answer was lost is retried; the retry
@@ -269,12 +362,14 @@ func TestConnectionKilledMidTransactionIsRetriedAndTheResultCommitted(t *testing
 func TestLostCommitAnswerOnTheCompletingResultStillReturnsTheStep(t *testing.T) {
 	t.Parallel()
 	for name, opt := range map[string]stepmysql.Option{"outbox": stepmysql.WithOutbox(), "receipts": stepmysql.WithReceipts()} {
-		t.Run(name, func(t *testing.T) { lostCommitAnswerOnTheCompletingResult(t, opt) })
+		t.Run(name, func(t *testing.T) {
+			onBothPaths(t, func(t *testing.T, multi bool) { lostCommitAnswerOnTheCompletingResult(t, multi, opt) })
+		})
 	}
 }
 
-func lostCommitAnswerOnTheCompletingResult(t *testing.T, opt stepmysql.Option) {
-	b, fc := setupFaulty(t, opt)
+func lostCommitAnswerOnTheCompletingResult(t *testing.T, multi bool, opt stepmysql.Option) {
+	b, fc := setupFaultyPath(t, multi, opt)
 	ctx := t.Context()
 	step := b.stored(t, "lostcommit", 1, 2)
 
@@ -308,4 +403,5 @@ func lostCommitAnswerOnTheCompletingResult(t *testing.T, opt stepmysql.Option) {
 	if c := countRows(t, b.db.DB); c != (testkit.StepRows{}) {
 		t.Errorf("rows left: %+v", c)
 	}
+	fc.checkPath(t, multi)
 }

@@ -41,8 +41,11 @@ import (
 // Storage implements NanoCMD's storage.AllStorage on MySQL 8.0.19+ and
 // MariaDB 10.6+.
 type Storage struct {
-	db       *sql.DB
-	ownDB    bool
+	db    *sql.DB
+	ownDB bool
+	// twoTrips: the pool takes several statements in one query, and
+	// completions run in two round trips (see conntx.go).
+	twoTrips bool
 	logger   zerolog.Logger
 	sink     storage.ReleaseSink
 	observer storage.Observer
@@ -185,6 +188,10 @@ func New(opts ...Option) (*Storage, error) {
 		// server takes.
 		s.maxPacket = min(n, clientMaxPacket(cfg.dsn))
 	}
+	// Completions start their transactions by hand on that path, at the
+	// session's level: a level set per transaction (WithIsolation) keeps
+	// database/sql's transaction.
+	s.twoTrips = s.txOpts == nil && supportsMultiStatements(ctx, s.db)
 	if s.maxPacket <= 2*stmtOverhead {
 		if s.ownDB {
 			s.db.Close()
@@ -195,8 +202,9 @@ func New(opts ...Option) (*Storage, error) {
 }
 
 // OpenDB opens a pool for dsn as WithDSN does: parseTime on,
-// interpolateParams on and time parameters truncated to microseconds
-// (timeTruncate=1µs) unless the DSN sets them, and every session at READ
+// interpolateParams and multiStatements on and time parameters truncated
+// to microseconds (timeTruncate=1µs) unless the DSN sets them, and every
+// session at READ
 // COMMITTED, the level stepcollect's transactions are designed for. Set
 // once per connection by a statement both MySQL and MariaDB take (their
 // DSN variable names differ), it costs nothing per transaction, where
@@ -215,6 +223,12 @@ func OpenDB(dsn string) (*sql.DB, error) {
 	mc.ParseTime = true
 	if !strings.Contains(dsn, "interpolateParams=") {
 		mc.InterpolateParams = true
+	}
+	if !strings.Contains(dsn, "multiStatements=") {
+		// Completions in two round trips (conntx.go). Every parameter is
+		// interpolated and escaped by the driver, never concatenated into
+		// the SQL, so no value can end a statement and start another.
+		mc.MultiStatements = true
 	}
 	if !strings.Contains(dsn, "timeTruncate=") {
 		// See dbTime: every time parameter at most microseconds.

@@ -16,14 +16,11 @@ import (
 // event its INSERT could not carry is a storage.ETooLarge error, and is
 // never sent: the server would refuse it and drop the connection.
 func (s *Storage) insertEvent(ctx context.Context, tx *sql.Tx, ev *events.Event, enrollment string) (storage.OutboxRef, error) {
-	payload, err := json.Marshal(ev)
+	row, err := s.outboxRow(ev, enrollment)
 	if err != nil {
-		return storage.OutboxRef{}, fmt.Errorf("encoding %s event: %w", ev.Type, err)
+		return storage.OutboxRef{}, err
 	}
-	if n := escapedLen(payload); n > s.eventLimit() {
-		return storage.OutboxRef{}, fmt.Errorf("writing %s event %s to the outbox: %w", ev.Type, ev.EventID, s.tooLarge("event", "the event", n))
-	}
-	res, err := tx.ExecContext(ctx, qInsertOutbox, ev.EventID, ev.Type, ev.Step.StepID, nullString(enrollment), payload)
+	res, err := tx.ExecContext(ctx, qInsertOutbox, row...)
 	if err != nil {
 		return storage.OutboxRef{}, fmt.Errorf("writing %s event %s to the outbox: %w", ev.Type, ev.EventID, err)
 	}
@@ -32,6 +29,19 @@ func (s *Storage) insertEvent(ctx context.Context, tx *sql.Tx, ev *events.Event,
 		return storage.OutboxRef{}, fmt.Errorf("writing %s event %s to the outbox: %w", ev.Type, ev.EventID, err)
 	}
 	return storage.OutboxRef{ID: id, EventID: ev.EventID, Type: ev.Type}, nil
+}
+
+// outboxRow is ev's qInsertOutbox arguments, or the storage.ETooLarge
+// error of an event its INSERT could not carry.
+func (s *Storage) outboxRow(ev *events.Event, enrollment string) ([]any, error) {
+	payload, err := json.Marshal(ev)
+	if err != nil {
+		return nil, fmt.Errorf("encoding %s event: %w", ev.Type, err)
+	}
+	if n := escapedLen(payload); n > s.eventLimit() {
+		return nil, fmt.Errorf("writing %s event %s to the outbox: %w", ev.Type, ev.EventID, s.tooLarge("event", "the event", n))
+	}
+	return []any{ev.EventID, ev.Type, ev.Step.StepID, nullString(enrollment), payload}, nil
 }
 
 // ClaimDueEvents claims up to limit events that nobody is delivering, for

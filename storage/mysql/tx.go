@@ -33,11 +33,17 @@ type txBody func(ctx context.Context, tx *sql.Tx, a *attempt) error
 // lock wait timeout and broken connections, up to s.maxAttempts, with
 // jittered exponential backoff. op names the operation in errors and metrics.
 func (s *Storage) inTx(ctx context.Context, op string, fn txBody) error {
+	return s.retry(ctx, op, func(a *attempt) error { return s.tryTx(ctx, fn, a) })
+}
+
+// retry runs try until it succeeds, fails for a reason a retry cannot
+// help, or has failed s.maxAttempts times; see inTx.
+func (s *Storage) retry(ctx context.Context, op string, try func(a *attempt) error) error {
 	a := &attempt{}
 	connRetries := 0
 	for {
 		a.n++
-		err := s.tryTx(ctx, fn, a)
+		err := try(a)
 		if err == nil {
 			return nil
 		}

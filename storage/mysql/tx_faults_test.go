@@ -174,7 +174,11 @@ func assertClaimsOnce(t *testing.T, b *bundle, want int) {
 // with nothing in the outbox).
 func TestALostCommitAnswerWithTheRowsCancelledMeanwhileIsNoCompletion(t *testing.T) {
 	t.Parallel()
-	b, fc := setupFaulty(t, stepmysql.WithOutbox())
+	onBothPaths(t, lostCommitAnswerWithTheRowsCancelledMeanwhile)
+}
+
+func lostCommitAnswerWithTheRowsCancelledMeanwhile(t *testing.T, multi bool) {
+	b, fc := setupFaultyPath(t, multi, stepmysql.WithOutbox())
 	ctx := t.Context()
 	step := b.stored(t, "lostcancel", 1, 1)
 	fc.mu.Lock()
@@ -199,6 +203,7 @@ func TestALostCommitAnswerWithTheRowsCancelledMeanwhileIsNoCompletion(t *testing
 	if n := countOutbox(t, b.db.DB); n != 0 {
 		t.Errorf("%d outbox rows", n)
 	}
+	fc.checkPath(t, multi)
 }
 
 // A server error reply to COMMIT (connection killed, shutdown, query
@@ -206,10 +211,14 @@ func TestALostCommitAnswerWithTheRowsCancelledMeanwhileIsNoCompletion(t *testing
 // meanwhile by a cancel are never taken as its success.
 func TestAServerErrorReplyToCommitIsNotAnAmbiguousCommit(t *testing.T) {
 	t.Parallel()
+	onBothPaths(t, serverErrorReplyToCommit)
+}
+
+func serverErrorReplyToCommit(t *testing.T, multi bool) {
 	for _, code := range []uint16{1927, 1053, 1317} {
 		t.Run(strconv.Itoa(int(code)), func(t *testing.T) {
 			// without the outbox: only the reply itself can tell
-			b, fc := setupFaulty(t)
+			b, fc := setupFaultyPath(t, multi)
 			ctx := t.Context()
 			step := b.stored(t, "refused", 1, 1)
 			fc.mu.Lock()
@@ -227,6 +236,7 @@ func TestAServerErrorReplyToCommitIsNotAnAmbiguousCommit(t *testing.T) {
 			if r != nil || !errors.Is(err, storage.ErrUnknownCommand) {
 				t.Errorf("after a refused COMMIT and a cancel: %+v, %v; want no step and the command unknown", r, err)
 			}
+			fc.checkPath(t, multi)
 		})
 	}
 }
@@ -235,7 +245,11 @@ func TestAServerErrorReplyToCommitIsNotAnAmbiguousCommit(t *testing.T) {
 // through: the caller gets an error saying so, never a guess.
 func TestALostCommitAnswerWithoutTheOutboxIsAnErrorNotAGuess(t *testing.T) {
 	t.Parallel()
-	b, fc := setupFaulty(t)
+	onBothPaths(t, lostCommitAnswerWithoutTheOutbox)
+}
+
+func lostCommitAnswerWithoutTheOutbox(t *testing.T, multi bool) {
+	b, fc := setupFaultyPath(t, multi)
 	ctx := t.Context()
 	step := b.stored(t, "lostlib", 1, 1)
 	fc.arm(func(fc *faultConnector) { fc.loseCommits = 1 })
@@ -251,6 +265,7 @@ func TestALostCommitAnswerWithoutTheOutboxIsAnErrorNotAGuess(t *testing.T) {
 	if n := testkit.Count(t, b.db.DB, `SELECT COUNT(*) FROM steps`); n != 0 {
 		t.Errorf("%d steps left after a completion whose COMMIT answer was lost, want it collected", n)
 	}
+	fc.checkPath(t, multi)
 }
 
 // StoreStep's COMMIT went through but its answer was lost: the retry must
