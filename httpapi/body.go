@@ -91,10 +91,13 @@ func (s *Server) admitBody(w http.ResponseWriter, r *http.Request) ([]byte, func
 	src := &paced{r: r.Body, rc: rc, declared: n, grace: s.cfg.BodyGrace, rate: s.cfg.MinBodyRate}
 	src.restart()
 
-	first := make([]byte, firstChunk)
-	if n > 0 && n < firstChunk {
-		first = first[:n]
+	// A body of known length gets no more than it declared: a webhook is a
+	// few KiB, and 64 KiB for each would be most of the api's garbage.
+	chunk := int64(firstChunk)
+	if n > 0 {
+		chunk = min(n, chunk)
 	}
+	first := make([]byte, chunk)
 	got, err := io.ReadFull(src, first)
 	switch {
 	case err == nil && (n < 0 || int64(got) < n):
