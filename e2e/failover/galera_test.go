@@ -2,6 +2,7 @@ package failover
 
 import (
 	"fmt"
+	"net"
 	"net/http"
 	"testing"
 	"time"
@@ -9,6 +10,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 
 	"github.com/stepcollect/stepcollect/internal/testkit"
+	"github.com/stepcollect/stepcollect/internal/testkit/tcpproxy"
 	"github.com/stepcollect/stepcollect/internal/testkit/testha"
 	stepmysql "github.com/stepcollect/stepcollect/storage/mysql"
 )
@@ -26,23 +28,7 @@ import (
 // caught up, holds no step row either.
 func TestGaleraNodeKilledInTheMiddleOfAFanOut(t *testing.T) {
 	g := testha.StartGalera(t, 3)
-	appDSN, rootDSN := g.Nodes[0].NewDatabase(t, nil)
-	// the test's own view reads causally too (OpenDB), or it could read
-	// what node 0 has not applied yet
-	root, err := stepmysql.OpenDB(rootDSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { root.Close() })
-	cfg, err := mysql.ParseDSN(appDSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.Addr = fmt.Sprintf("127.0.0.1:%d", g.Nodes[1].Port)
-	rs := testkit.StartRedis(t)
-	s := testkit.StartStack(t, testkit.StackConfig{DSN: appDSN, RedisURL: rs.URL, DB: root, APIKey: apiKey,
-		Receiver: &testkit.ReceiverOptions{CompletionsOnly: true}, WorkerArgs: []string{"-mysql-dsn", cfg.FormatDSN()}})
-	s.Client.WithTimeout(30 * time.Second)
+	s, dbName := galeraStack(t, g, fmt.Sprintf("127.0.0.1:%d", g.Nodes[0].Port), 0)
 	const name = "Galera node 2 of 3 killed"
 
 	r := s.EnqueueRound(t, "GA", enrollments())
@@ -86,10 +72,147 @@ func TestGaleraNodeKilledInTheMiddleOfAFanOut(t *testing.T) {
 	testkit.WaitUntil(t, 60*time.Second, "the restarted node caught up, without step rows", func() (bool, any) {
 		state := g.Nodes[2].Status("wsrep_local_state_comment")
 		var steps int
-		err := g.Nodes[2].Admin.QueryRow("SELECT COUNT(*) FROM " + cfg.DBName + ".steps").Scan(&steps)
+		err := g.Nodes[2].Admin.QueryRow("SELECT COUNT(*) FROM " + dbName + ".steps").Scan(&steps)
 		return state == "Synced" && err == nil && steps == 0, fmt.Sprintf("%s, %d steps, %v", state, steps, err)
 	})
 	t.Logf("FAILOVER %s: %d results, %d sent after the kill, %d not 200; %s (from the last answer)", name, len(answers), afterKill, bad, st)
+	s.StillRunning(t)
+	if !t.Failed() {
+		s.Stop(t)
+	}
+}
+
+// galeraStack is the api on apiAddr (a node's address, or a proxy's in
+// front of one) and the worker on node 1, each through its own pool, and
+// the test's own view of the database on node view, all on one new
+// database of g; it returns the database's name.
+func galeraStack(t *testing.T, g *testha.Galera, apiAddr string, view int) (*testkit.Stack, string) {
+	t.Helper()
+	appDSN, rootDSN := g.Nodes[0].NewDatabase(t, nil)
+	on := func(dsn, addr string) (string, *mysql.Config) {
+		cfg, err := mysql.ParseDSN(dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.Addr = addr
+		return cfg.FormatDSN(), cfg
+	}
+	rootDSN, _ = on(rootDSN, fmt.Sprintf("127.0.0.1:%d", g.Nodes[view].Port))
+	// the test's own view reads causally too (OpenDB), or it could read
+	// what its node has not applied yet
+	root, err := stepmysql.OpenDB(rootDSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { root.Close() })
+	apiDSN, cfg := on(appDSN, apiAddr)
+	workerDSN, _ := on(appDSN, fmt.Sprintf("127.0.0.1:%d", g.Nodes[1].Port))
+	rs := testkit.StartRedis(t)
+	s := testkit.StartStack(t, testkit.StackConfig{DSN: apiDSN, RedisURL: rs.URL, DB: root, APIKey: apiKey,
+		Receiver: &testkit.ReceiverOptions{CompletionsOnly: true}, WorkerArgs: []string{"-mysql-dsn", workerDSN}})
+	s.Client.WithTimeout(30 * time.Second)
+	return s, cfg.DBName
+}
+
+// The node the api writes through is SIGKILLed in the middle of the
+// results. The api reaches the cluster as a deployment does, through a
+// load balancer (here a TCP proxy) whose health check moves it to another
+// node once the first stops accepting connections; the worker is on
+// node 1.
+//
+// Galera replicates a transaction to the group before its COMMIT answers,
+// so no result answered 200 may be missing from the nodes left (read back
+// row by row on node 1). Webhooks in flight at the kill, and those sent
+// before the balancer moved, answer 503 (or, where a COMMIT's answer was
+// lost, 200 once the retry finds its evidence on the new node); every 503
+// sent again is answered 200; within 15 s of the balancer's move every
+// step is collected and every event delivered, each completion under one
+// event id; the killed node, restarted, catches up.
+func TestGaleraTheAPIsNodeKilledInTheMiddleOfAFanOut(t *testing.T) {
+	g := testha.StartGalera(t, 3)
+	node0 := fmt.Sprintf("127.0.0.1:%d", g.Nodes[0].Port)
+	lb := tcpproxy.Start(t, node0)
+	s, dbName := galeraStack(t, g, lb.Addr, 1)
+	const name = "Galera: the api's node (0 of 3) killed"
+
+	r := s.EnqueueRound(t, "GK", enrollments())
+	began := time.Now()
+	done := s.Stream(r.Results(), 4*time.Second, 32)
+	time.Sleep(time.Until(began.Add(1500 * time.Millisecond)))
+	g.Nodes[0].Kill()
+	killedAt := time.Now()
+	// the balancer's health check: a connect every 250 ms
+	for {
+		c, err := net.DialTimeout("tcp", node0, 250*time.Millisecond)
+		if err != nil {
+			break
+		}
+		c.Close()
+		time.Sleep(250 * time.Millisecond)
+	}
+	lb.Retarget(fmt.Sprintf("127.0.0.1:%d", g.Nodes[2].Port))
+	movedAt := time.Now()
+	answers := <-done
+	if size := g.Nodes[1].Status("wsrep_cluster_size"); size != "2" {
+		t.Errorf("%s: the cluster has %q members after the results, want 2: the kill did not take", name, size)
+	}
+
+	var ok, unavailable, other, afterMove, afterMoveBad int
+	var again []testkit.Result
+	var firstOK time.Time
+	for _, a := range answers {
+		switch {
+		case a.Err == nil && a.Status == http.StatusOK:
+			ok++
+			if a.Start.After(killedAt) && (firstOK.IsZero() || a.End.Before(firstOK)) {
+				firstOK = a.End
+			}
+		case a.Err == nil && a.Status == http.StatusServiceUnavailable:
+			unavailable++
+			again = append(again, a.X)
+		default:
+			if other++; other <= 10 {
+				t.Errorf("%s: webhook %s answered %d %q %v: only 200 or 503 are right", name, a.X, a.Status, a.Body, a.Err)
+			}
+			again = append(again, a.X)
+		}
+		if a.Start.After(movedAt.Add(time.Second)) {
+			afterMove++
+			if a.Status != http.StatusOK {
+				if afterMoveBad++; afterMoveBad <= 10 {
+					t.Errorf("%s: webhook %s sent %v after the balancer moved answered %d %q: a 200 was due",
+						name, a.X, a.Start.Sub(movedAt).Round(time.Millisecond), a.Status, a.Body)
+				}
+			}
+		}
+	}
+	if afterMove == 0 {
+		t.Fatalf("%s: no webhook was sent a second after the balancer moved: the test did not test", name)
+	}
+	// before anything is sent again: every 200 committed, nothing
+	// half-written, a 503 committed only if it was in flight at the kill
+	checkNothingHalfWritten(t, s, name, answers, killedAt)
+	resent, rounds := len(again), sendAgain(t, s, name, again, movedAt)
+	st := s.AwaitSettled(t, movedAt, name, func() { s.Explain(t, movedAt, nil) })
+	s.CheckReceiver(t)
+
+	if err := g.Nodes[0].Restart(); err != nil {
+		t.Fatal(err)
+	}
+	testkit.WaitUntil(t, 60*time.Second, "the restarted node caught up, without step rows", func() (bool, any) {
+		state := g.Nodes[0].Status("wsrep_local_state_comment")
+		var steps int
+		err := g.Nodes[0].Admin.QueryRow("SELECT COUNT(*) FROM " + dbName + ".steps").Scan(&steps)
+		return state == "Synced" && err == nil && steps == 0, fmt.Sprintf("%s, %d steps, %v", state, steps, err)
+	})
+	first := "none"
+	if !firstOK.IsZero() {
+		first = firstOK.Sub(killedAt).Round(time.Millisecond).String()
+	}
+	t.Logf("FAILOVER %s: %d results, %d answered 200, %d 503, %d neither; the balancer moved %v after the kill, the first 200 sent after the kill came %v after it; "+
+		"%d sent again in %d rounds; %s (from the move)",
+		name, len(answers), ok, unavailable, other, movedAt.Sub(killedAt).Round(time.Millisecond), first, resent, rounds, st)
+	s.LogMetrics(t)
 	s.StillRunning(t)
 	if !t.Failed() {
 		s.Stop(t)

@@ -142,26 +142,7 @@ func readOnlyRound(t *testing.T, mdb *testha.SQLServer, rejectReadOnly bool) {
 	// for a 503, nothing half-written anywhere.
 	checkNothingHalfWritten(t, s, name, answers, time.Time{})
 
-	// the 503 ones again, as the enrollments must end up done; a 503
-	// that persists is retried until the bound (the sender's retry, not a
-	// wait)
-	resent, rounds := len(again), 0
-	for len(again) > 0 && time.Since(offAt) < bound {
-		if rounds > 0 {
-			time.Sleep(100 * time.Millisecond)
-		}
-		rounds++
-		var still []testkit.Result
-		for _, x := range again {
-			if a := s.Send(x); a.Err != nil || a.Status != http.StatusOK {
-				still = append(still, x)
-			}
-		}
-		again = still
-	}
-	if len(again) > 0 {
-		t.Errorf("%s: %d results still not answered 200 %v after read-only went off", name, len(again), bound)
-	}
+	resent, rounds := len(again), sendAgain(t, s, name, again, offAt)
 	st := s.AwaitSettled(t, offAt, name, func() { s.Explain(t, offAt, nil) })
 	s.CheckReceiver(t)
 
@@ -197,6 +178,16 @@ func readOnlyRound(t *testing.T, mdb *testha.SQLServer, rejectReadOnly bool) {
 // it answers 503 for a result that may be committed. Sent again, it
 // answers 200 (the result is known), which the caller checks.
 func checkNothingHalfWritten(t *testing.T, s *testkit.Stack, name string, answers []testkit.Answer, killedAt time.Time) {
+	t.Helper()
+	for _, a := range compareWithDatabase(t, s, name, answers, killedAt) {
+		t.Errorf("%s: %s: a false 200: its result is not committed", name, a.X)
+	}
+}
+
+// compareWithDatabase is checkNothingHalfWritten but for the results
+// answered 200 and not committed, which it returns: on a promoted
+// asynchronous replica, what the failover lost.
+func compareWithDatabase(t *testing.T, s *testkit.Stack, name string, answers []testkit.Answer, killedAt time.Time) (lost []testkit.Answer) {
 	t.Helper()
 	type row struct{ completed, hasResult bool }
 	rows := map[string]row{}
@@ -239,12 +230,14 @@ func checkNothingHalfWritten(t *testing.T, s *testkit.Stack, name string, answer
 		switch {
 		case present && (rw.completed || rw.hasResult):
 			wrong = append(wrong, fmt.Sprintf("%s (answered %d): half-written: row completed=%v with a result=%v, not deleted", a.X, a.Status, rw.completed, rw.hasResult))
+		case a.Status == http.StatusOK && present:
+			// whether or not its event was delivered (by a server that
+			// then lost the completion)
+			lost = append(lost, a)
 		case present && event:
 			wrong = append(wrong, fmt.Sprintf("%s (answered %d): half-written: an event for a step the enrollment has not completed", a.X, a.Status))
 		case !present && !event:
 			wrong = append(wrong, fmt.Sprintf("%s (answered %d): half-written: row gone without an event", a.X, a.Status))
-		case a.Status == http.StatusOK && present:
-			wrong = append(wrong, fmt.Sprintf("%s: a false 200: its result is not committed", a.X))
 		case a.Status == http.StatusServiceUnavailable && !present &&
 			!killedAt.IsZero() && a.Start.Before(killedAt) && a.End.After(killedAt):
 			ambiguous++
@@ -267,6 +260,33 @@ func checkNothingHalfWritten(t *testing.T, s *testkit.Stack, name string, answer
 	if !killedAt.IsZero() {
 		inFlight = fmt.Sprintf(", %d committed and answered 503 (in flight at the kill)", ambiguous)
 	}
-	t.Logf("%s: before anything was sent again: %d results committed (answered 200), %d untouched (answered 503)%s, %d wrong",
-		name, committed, untouched, inFlight, len(wrong))
+	t.Logf("%s: before anything was sent again: %d results committed (answered 200), %d untouched (answered 503)%s, %d answered 200 and not committed, %d wrong",
+		name, committed, untouched, inFlight, len(lost), len(wrong))
+	return lost
+}
+
+// sendAgain sends the results answered 503 (or not at all) again, as the
+// enrollments must end up done; one that still fails is sent again until
+// the bound from the fault's end (the sender's retry, not a wait). It
+// returns how many rounds that took.
+func sendAgain(t *testing.T, s *testkit.Stack, name string, again []testkit.Result, from time.Time) int {
+	t.Helper()
+	rounds := 0
+	for len(again) > 0 && time.Since(from) < bound {
+		if rounds > 0 {
+			time.Sleep(100 * time.Millisecond)
+		}
+		rounds++
+		var still []testkit.Result
+		for _, x := range again {
+			if a := s.Send(x); a.Err != nil || a.Status != http.StatusOK {
+				still = append(still, x)
+			}
+		}
+		again = still
+	}
+	if len(again) > 0 {
+		t.Errorf("%s: %d results still not answered 200 %v after the fault ended", name, len(again), bound)
+	}
+	return rounds
 }

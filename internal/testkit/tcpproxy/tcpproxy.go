@@ -8,6 +8,7 @@ import (
 	"net"
 	"sync"
 	"testing"
+	"time"
 )
 
 // Proxy forwards connections from Addr to a target.
@@ -19,6 +20,7 @@ type Proxy struct {
 	mu    sync.Mutex
 	ln    net.Listener
 	conns map[net.Conn]bool
+	delay time.Duration
 }
 
 // Start listens on a free port and forwards to target until t ends.
@@ -50,7 +52,10 @@ func (p *Proxy) serve(ln net.Listener) {
 }
 
 func (p *Proxy) pipe(c net.Conn) {
-	up, err := net.Dial("tcp", p.target)
+	p.mu.Lock()
+	target, delay := p.target, p.delay
+	p.mu.Unlock()
+	up, err := net.Dial("tcp", target)
 	if err != nil {
 		c.Close()
 		return
@@ -59,8 +64,12 @@ func (p *Proxy) pipe(c net.Conn) {
 	p.conns[c], p.conns[up] = true, true
 	p.mu.Unlock()
 	done := make(chan struct{}, 2)
-	go func() { io.Copy(up, c); done <- struct{}{} }()
-	go func() { io.Copy(c, up); done <- struct{}{} }()
+	copyOne := func(dst, src net.Conn) { io.Copy(dst, src) }
+	if delay > 0 {
+		copyOne = func(dst, src net.Conn) { delayedCopy(dst, src, delay) }
+	}
+	go func() { copyOne(up, c); done <- struct{}{} }()
+	go func() { copyOne(c, up); done <- struct{}{} }()
 	<-done
 	c.Close()
 	up.Close()
@@ -82,6 +91,54 @@ func (p *Proxy) Cut() {
 	for c := range p.conns {
 		c.Close()
 	}
+}
+
+// SetDelay holds every byte of the connections forwarded from now on for
+// d before passing it on, each way: a link to another site. What is held
+// when Cut runs is dropped, as a link that fails loses what it carried.
+func (p *Proxy) SetDelay(d time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.delay = d
+}
+
+// delayedCopy copies src to dst, each read passed on d after it arrived,
+// until either end fails.
+func delayedCopy(dst, src net.Conn, d time.Duration) {
+	type chunk struct {
+		b  []byte
+		at time.Time
+	}
+	q := make(chan chunk, 4096)
+	go func() {
+		defer close(q)
+		for {
+			buf := make([]byte, 32<<10)
+			n, err := src.Read(buf)
+			if n > 0 {
+				q <- chunk{buf[:n], time.Now().Add(d)}
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	for c := range q {
+		time.Sleep(time.Until(c.at))
+		if _, err := dst.Write(c.b); err != nil {
+			for range q { // what was held is dropped
+			}
+			return
+		}
+	}
+}
+
+// Retarget sends new connections to target; those forwarded already stay
+// where they are: a load balancer moving to another backend.
+func (p *Proxy) Retarget(target string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.target = target
 }
 
 // Restore listens again on the same address.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -75,6 +76,11 @@ func StartGalera(t testing.TB, n int) *Galera {
 			t.Fatalf("galera node %d: %v", i, err)
 		}
 	}
+	// The cluster is formed: node 0, restarted after a kill, joins the
+	// others as any node does. Bootstrapping again would make it a
+	// cluster of its own.
+	n0 := g.Nodes[0].proc
+	n0.args = slices.DeleteFunc(slices.Clone(n0.args), func(a string) bool { return a == "--wsrep-new-cluster" })
 	return g
 }
 

@@ -36,20 +36,7 @@ type MariaDBConfig struct {
 // belongs to the shared server.
 func StartMariaDB(t testing.TB) *SQLServer {
 	t.Helper()
-	testkit.RequireBinary(t, "mariadbd", "mariadb-install-db")
-	// not t.TempDir(): the socket path must stay short (108 bytes)
-	dir, err := os.MkdirTemp("", "testha-mariadb")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	s, err := newMariaDB(dir, testkit.FreePort(t), MariaDBConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.t = t
-	s.launch()
-	return s
+	return startMariaDB(t, MariaDBConfig{})
 }
 
 // RunMariaDB is StartMariaDB outside a test (the bench's), shaped by cfg:
