@@ -172,7 +172,7 @@ func (f *faultConn) ExecContext(ctx context.Context, query string, args []driver
 	}
 	// A COMMIT sent with the statements before it: the same faults as
 	// faultTx.Commit's.
-	fault, between := f.c.takeCommitFault()
+	between, fault := f.c.takeCommitFault()
 	f.c.mu.Lock()
 	f.c.twoTrips++
 	f.c.mu.Unlock()
@@ -238,7 +238,7 @@ type faultTx struct {
 }
 
 func (t *faultTx) Commit() error {
-	fault, between := t.c.takeCommitFault()
+	between, fault := t.c.takeCommitFault()
 	if fault != nil {
 		if err := t.Tx.Rollback(); err != nil {
 			return err
@@ -260,10 +260,10 @@ func (t *faultTx) Commit() error {
 	return nil
 }
 
-// takeCommitFault says what the next COMMIT meets: nil (it commits), or
-// the error it answers after rolling back instead, and what runs between
-// the tries.
-func (c *faultConnector) takeCommitFault() (error, func()) {
+// takeCommitFault says what runs between the tries, and what the next
+// COMMIT meets: nil (it commits), or the error it answers after rolling
+// back instead.
+func (c *faultConnector) takeCommitFault() (func(), error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var fault error
@@ -277,7 +277,7 @@ func (c *faultConnector) takeCommitFault() (error, func()) {
 		c.refused++
 		fault = c.refuseErr // the server said no
 	}
-	return fault, c.betweenTries
+	return c.betweenTries, fault
 }
 
 // completionPaths are the two ways a completion runs, each to be faulted:
