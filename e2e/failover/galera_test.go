@@ -218,3 +218,73 @@ func TestGaleraTheAPIsNodeKilledInTheMiddleOfAFanOut(t *testing.T) {
 		s.Stop(t)
 	}
 }
+
+// The whole cluster is lost at once in the middle of the results (every
+// node SIGKILLed, as a power cut does) and started again as its operator
+// must: the most advanced node bootstraps, the others join it. The api is
+// on node 0, the worker on node 1.
+//
+// Every webhook answers 200 or 503 (none hangs, none is refused as bad
+// input); every 200 is committed once the cluster is back, none
+// half-written (a 503 in flight at the kill may be committed); the 503s
+// sent again are answered 200; within 15 s of the cluster answering again
+// every step is collected and every event delivered.
+func TestGaleraWholeClusterRestartedInTheMiddleOfAFanOut(t *testing.T) {
+	g := testha.StartGalera(t, 3)
+	s, _ := galeraStack(t, g, fmt.Sprintf("127.0.0.1:%d", g.Nodes[0].Port), 1)
+	s.Client.WithTimeout(60 * time.Second)
+	const name = "Galera: the whole cluster killed and restarted"
+
+	r := s.EnqueueRound(t, "GW", enrollments())
+	began := time.Now()
+	done := s.Stream(r.Results(), 4*time.Second, 32)
+	time.Sleep(time.Until(began.Add(1500 * time.Millisecond)))
+	g.KillAll()
+	killedAt := time.Now()
+	boot, err := g.RestartAll(60 * time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	backAt := time.Now()
+	answers := <-done
+
+	var ok, unavailable, other int
+	var again []testkit.Result
+	var firstOK time.Time // of a webhook sent after the kill
+	for _, a := range answers {
+		switch {
+		case a.Err == nil && a.Status == http.StatusOK:
+			ok++
+			if a.Start.After(killedAt) && (firstOK.IsZero() || a.End.Before(firstOK)) {
+				firstOK = a.End
+			}
+		case a.Err == nil && a.Status == http.StatusServiceUnavailable:
+			unavailable++
+			again = append(again, a.X)
+		default:
+			if other++; other <= 10 {
+				t.Errorf("%s: webhook %s answered %d %q %v: only 200 or 503 are right", name, a.X, a.Status, a.Body, a.Err)
+			}
+			again = append(again, a.X)
+		}
+	}
+	first := "none within the results"
+	if !firstOK.IsZero() {
+		first = firstOK.Sub(killedAt).Round(time.Millisecond).String()
+	}
+	if unavailable == 0 {
+		t.Errorf("%s: no webhook answered 503: none was sent while the cluster was down, the test did not test", name)
+	}
+	checkNothingHalfWritten(t, s, name, answers, killedAt)
+	resent, rounds := len(again), sendAgain(t, s, name, again, backAt)
+	st := s.AwaitSettled(t, backAt, name, func() { s.Explain(t, backAt, nil) })
+	s.CheckReceiver(t)
+	t.Logf("FAILOVER %s: %d results, %d answered 200, %d 503, %d neither; from the kill until every node was Synced again %v (node %d bootstrapped), "+
+		"the first 200 of a webhook sent after the kill %s after it; %d sent again in %d rounds; %s (from the cluster back)",
+		name, len(answers), ok, unavailable, other, backAt.Sub(killedAt).Round(time.Millisecond), boot, first, resent, rounds, st)
+	s.LogMetrics(t)
+	s.StillRunning(t)
+	if !t.Failed() {
+		s.Stop(t)
+	}
+}

@@ -4,9 +4,12 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -109,4 +112,104 @@ func (s *SQLServer) awaitSynced(within time.Duration) error {
 		return fmt.Errorf("not Synced within %v (state %q, running %v):\n%s", within, last, s.proc.running(), b)
 	}
 	return nil
+}
+
+// KillAll SIGKILLs every node at once: the whole cluster lost, as a power
+// cut does to a rack.
+func (g *Galera) KillAll() {
+	for _, n := range g.Nodes {
+		n.proc.signal(syscall.SIGKILL)
+	}
+	for _, n := range g.Nodes {
+		n.Kill() // waits for the exit
+	}
+}
+
+// RestartAll starts a cluster whose nodes were all killed, as its operator
+// must: every node's last committed position recovered (mariadbd
+// --wsrep-recover), the most advanced one marked safe to bootstrap in its
+// grastate.dat and started as a new cluster, the others joining it. It
+// returns the index of the node that bootstrapped, once every node is
+// Synced.
+func (g *Galera) RestartAll(within time.Duration) (int, error) {
+	best, bestSeqno := -1, int64(-2)
+	for i, n := range g.Nodes {
+		seqno, err := n.recoverPosition()
+		if err != nil {
+			return -1, fmt.Errorf("galera node %d: %w", i, err)
+		}
+		if seqno > bestSeqno {
+			best, bestSeqno = i, seqno
+		}
+	}
+	n := g.Nodes[best]
+	state := filepath.Join(n.datadir(), "grastate.dat")
+	b, err := os.ReadFile(state)
+	if err != nil {
+		return best, err
+	}
+	if err := os.WriteFile(state, []byte(strings.Replace(string(b), "safe_to_bootstrap: 0", "safe_to_bootstrap: 1", 1)), 0o644); err != nil {
+		return best, err
+	}
+	args := n.proc.args
+	n.proc.args = append(slices.Clone(args), "--wsrep-new-cluster")
+	err = n.start()
+	n.proc.args = args // a later restart joins
+	if err != nil {
+		return best, fmt.Errorf("galera node %d bootstrapping: %w", best, err)
+	}
+	if err := n.awaitSynced(within); err != nil {
+		return best, fmt.Errorf("galera node %d bootstrapping: %w", best, err)
+	}
+	for i, m := range g.Nodes {
+		if i == best {
+			continue
+		}
+		if err := m.start(); err != nil {
+			return best, fmt.Errorf("galera node %d joining: %w", i, err)
+		}
+	}
+	for i, m := range g.Nodes {
+		if err := m.awaitSynced(within); err != nil {
+			return best, fmt.Errorf("galera node %d: %w", i, err)
+		}
+	}
+	return best, nil
+}
+
+// recoverPosition runs the stopped node's mariadbd with --wsrep-recover,
+// which reads InnoDB's last committed Galera position and exits, and
+// returns its seqno.
+func (s *SQLServer) recoverPosition() (int64, error) {
+	log := filepath.Join(filepath.Dir(s.errorLog), "recover.log")
+	args := slices.DeleteFunc(slices.Clone(s.proc.args), func(a string) bool { return strings.HasPrefix(a, "--log-error=") })
+	args = append(args, "--log-error="+log, "--wsrep-recover")
+	if out, err := exec.Command(s.proc.bin, args...).CombinedOutput(); err != nil {
+		return 0, fmt.Errorf("mariadbd --wsrep-recover: %v\n%s", err, out)
+	}
+	b, err := os.ReadFile(log)
+	if err != nil {
+		return 0, err
+	}
+	text := string(b)
+	i := strings.LastIndex(text, "Recovered position: ")
+	if i < 0 {
+		return 0, fmt.Errorf("mariadbd --wsrep-recover printed no position:\n%s", text)
+	}
+	pos := strings.Fields(text[i+len("Recovered position: "):])[0] // uuid:seqno
+	seqno, err := strconv.ParseInt(pos[strings.LastIndex(pos, ":")+1:], 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("recovered position %q: %w", pos, err)
+	}
+	return seqno, nil
+}
+
+// datadir is the node's --datadir.
+func (s *SQLServer) datadir() string {
+	for _, a := range s.proc.args {
+		if d, ok := strings.CutPrefix(a, "--datadir="); ok {
+			return d
+		}
+	}
+	return ""
 }
