@@ -2,7 +2,6 @@ package httpapi
 
 import (
 	"context"
-	"database/sql"
 	"net/http"
 	"strings"
 	"time"
@@ -23,10 +22,12 @@ type Check struct {
 	Report func(ctx context.Context) string
 }
 
-// MySQLCheck is the "mysql" check: a ping of db. What its error says of
-// secrets (the DSN's password) is redacted before /readyz shows it.
-func MySQLCheck(db *sql.DB, secrets ...string) Check {
-	return Check{Name: "mysql", Probe: func(ctx context.Context) error { return config.RedactError(db.PingContext(ctx), secrets...) }}
+// MySQLCheck is the "mysql" check: ready, the storage's own (a ping, and
+// on a Galera node whether it takes writes: stepmysql.Ready). What its
+// error says of secrets (the DSN's password) is redacted before /readyz
+// shows it.
+func MySQLCheck(ready func(context.Context) error, secrets ...string) Check {
+	return Check{Name: "mysql", Probe: func(ctx context.Context) error { return config.RedactError(ready(ctx), secrets...) }}
 }
 
 // RedisCheck is the "redis" check through ping, informational for a

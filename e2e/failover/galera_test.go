@@ -28,7 +28,7 @@ import (
 // caught up, holds no step row either.
 func TestGaleraNodeKilledInTheMiddleOfAFanOut(t *testing.T) {
 	g := testha.StartGalera(t, 3)
-	s, dbName := galeraStack(t, g, fmt.Sprintf("127.0.0.1:%d", g.Nodes[0].Port), 0)
+	s, dbName := galeraStack(t, g, fmt.Sprintf("127.0.0.1:%d", g.Nodes[0].Port), 1, 0)
 	const name = "Galera node 2 of 3 killed"
 
 	r := s.EnqueueRound(t, "GA", enrollments())
@@ -83,10 +83,10 @@ func TestGaleraNodeKilledInTheMiddleOfAFanOut(t *testing.T) {
 }
 
 // galeraStack is the api on apiAddr (a node's address, or a proxy's in
-// front of one) and the worker on node 1, each through its own pool, and
-// the test's own view of the database on node view, all on one new
+// front of one) and the worker on node worker, each through its own pool,
+// and the test's own view of the database on node view, all on one new
 // database of g; it returns the database's name.
-func galeraStack(t *testing.T, g *testha.Galera, apiAddr string, view int) (*testkit.Stack, string) {
+func galeraStack(t *testing.T, g *testha.Galera, apiAddr string, worker, view int) (*testkit.Stack, string) {
 	t.Helper()
 	appDSN, rootDSN := g.Nodes[0].NewDatabase(t, nil)
 	on := func(dsn, addr string) (string, *mysql.Config) {
@@ -106,7 +106,7 @@ func galeraStack(t *testing.T, g *testha.Galera, apiAddr string, view int) (*tes
 	}
 	t.Cleanup(func() { root.Close() })
 	apiDSN, cfg := on(appDSN, apiAddr)
-	workerDSN, _ := on(appDSN, fmt.Sprintf("127.0.0.1:%d", g.Nodes[1].Port))
+	workerDSN, _ := on(appDSN, fmt.Sprintf("127.0.0.1:%d", g.Nodes[worker].Port))
 	rs := testkit.StartRedis(t)
 	s := testkit.StartStack(t, testkit.StackConfig{DSN: apiDSN, RedisURL: rs.URL, DB: root, APIKey: apiKey,
 		Receiver: &testkit.ReceiverOptions{CompletionsOnly: true}, WorkerArgs: []string{"-mysql-dsn", workerDSN}})
@@ -132,7 +132,7 @@ func TestGaleraTheAPIsNodeKilledInTheMiddleOfAFanOut(t *testing.T) {
 	g := testha.StartGalera(t, 3)
 	node0 := fmt.Sprintf("127.0.0.1:%d", g.Nodes[0].Port)
 	lb := tcpproxy.Start(t, node0)
-	s, dbName := galeraStack(t, g, lb.Addr, 1)
+	s, dbName := galeraStack(t, g, lb.Addr, 1, 1)
 	const name = "Galera: the api's node (0 of 3) killed"
 
 	r := s.EnqueueRound(t, "GK", enrollments())
@@ -231,7 +231,7 @@ func TestGaleraTheAPIsNodeKilledInTheMiddleOfAFanOut(t *testing.T) {
 // every step is collected and every event delivered.
 func TestGaleraWholeClusterRestartedInTheMiddleOfAFanOut(t *testing.T) {
 	g := testha.StartGalera(t, 3)
-	s, _ := galeraStack(t, g, fmt.Sprintf("127.0.0.1:%d", g.Nodes[0].Port), 1)
+	s, _ := galeraStack(t, g, fmt.Sprintf("127.0.0.1:%d", g.Nodes[0].Port), 1, 1)
 	s.Client.WithTimeout(60 * time.Second)
 	const name = "Galera: the whole cluster killed and restarted"
 
@@ -282,6 +282,126 @@ func TestGaleraWholeClusterRestartedInTheMiddleOfAFanOut(t *testing.T) {
 	t.Logf("FAILOVER %s: %d results, %d answered 200, %d 503, %d neither; from the kill until every node was Synced again %v (node %d bootstrapped), "+
 		"the first 200 of a webhook sent after the kill %s after it; %d sent again in %d rounds; %s (from the cluster back)",
 		name, len(answers), ok, unavailable, other, backAt.Sub(killedAt).Round(time.Millisecond), boot, first, resent, rounds, st)
+	s.LogMetrics(t)
+	s.StillRunning(t)
+	if !t.Failed() {
+		s.Stop(t)
+	}
+}
+
+// Two of three nodes SIGKILLed in the middle of the results: the node left,
+// which the api and the worker use, has no quorum. Galera makes it refuse
+// writes (1047) once it knows, and the api must answer 503 for them, never
+// anything else, and its /readyz must say so (503 naming mysql), so that a
+// load balancer moves off it. The operator then makes the node a primary
+// component on its own (pc.bootstrap), writes are answered 200 again and
+// /readyz 200, and the two killed nodes, restarted, join it.
+//
+// Every 200 is committed, none half-written (a 503 in flight at the kill
+// may be), the 503s sent again are answered 200, and within 15 s of the
+// bootstrap every step is collected and every event delivered.
+func TestGaleraNodeWithoutQuorum(t *testing.T) {
+	g := testha.StartGalera(t, 3)
+	s, _ := galeraStack(t, g, fmt.Sprintf("127.0.0.1:%d", g.Nodes[0].Port), 0, 0)
+	s.Client.WithTimeout(60 * time.Second)
+	const name = "Galera: 2 of 3 nodes killed, the api's node without quorum"
+	ready := func() int {
+		resp, err := http.Get(s.APIURL + "/readyz")
+		if err != nil {
+			return 0
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if code := ready(); code != http.StatusOK {
+		t.Fatalf("%s: /readyz answered %d before the kill", name, code)
+	}
+
+	r := s.EnqueueRound(t, "GQ", enrollments())
+	began := time.Now()
+	done := s.Stream(r.Results(), 11*time.Second, 32)
+	time.Sleep(time.Until(began.Add(1500 * time.Millisecond)))
+	g.Nodes[1].Kill()
+	g.Nodes[2].Kill()
+	killedAt := time.Now()
+	testkit.WaitUntil(t, 30*time.Second, "node 0 out of the primary component", func() (bool, any) {
+		st := g.Nodes[0].Status("wsrep_cluster_status")
+		return st != "" && st != "Primary", st
+	})
+	nonPrimaryAt := time.Now()
+	testkit.WaitUntil(t, 15*time.Second, "the api's /readyz 503", func() (bool, any) {
+		code := ready()
+		return code == http.StatusServiceUnavailable, code
+	})
+	notReadyAt := time.Now()
+	// the operator's decision, 2 s on: this node alone is the cluster now
+	time.Sleep(time.Until(nonPrimaryAt.Add(2 * time.Second)))
+	if _, err := g.Nodes[0].Admin.Exec("SET GLOBAL wsrep_provider_options = 'pc.bootstrap=YES'"); err != nil {
+		t.Fatal(err)
+	}
+	bootAt := time.Now()
+	testkit.WaitUntil(t, 15*time.Second, "the api's /readyz 200 again", func() (bool, any) {
+		code := ready()
+		return code == http.StatusOK, code
+	})
+	readyAgainAt := time.Now()
+	answers := <-done
+
+	var ok, unavailable, other, refused int
+	var again []testkit.Result
+	var lastOK time.Time // of a webhook sent after the kill, before the bootstrap
+	var refusedTook []time.Duration
+	for _, a := range answers {
+		if a.Start.After(nonPrimaryAt.Add(100*time.Millisecond)) && a.End.Before(bootAt) {
+			// sent to the node once it knew it had no quorum
+			refused++
+			refusedTook = append(refusedTook, a.Took())
+			if a.Status != http.StatusServiceUnavailable || a.Took() > quick503 {
+				t.Errorf("%s: webhook %s sent to the node without quorum answered %d after %v: a 503 within %v was due",
+					name, a.X, a.Status, a.Took().Round(time.Millisecond), quick503)
+			}
+		}
+		switch {
+		case a.Err == nil && a.Status == http.StatusOK:
+			ok++
+			if a.Start.After(killedAt) && a.End.Before(bootAt) && a.End.After(lastOK) {
+				lastOK = a.End
+			}
+		case a.Err == nil && a.Status == http.StatusServiceUnavailable:
+			unavailable++
+			again = append(again, a.X)
+		default:
+			if other++; other <= 10 {
+				t.Errorf("%s: webhook %s answered %d %q %v: only 200 or 503 are right", name, a.X, a.Status, a.Body, a.Err)
+			}
+			again = append(again, a.X)
+		}
+	}
+	if refused == 0 {
+		t.Errorf("%s: no webhook was sent and answered while the node knew it had no quorum: the test did not test", name)
+	}
+	checkNothingHalfWritten(t, s, name, answers, killedAt)
+	resent, rounds := len(again), sendAgain(t, s, name, again, bootAt)
+	st := s.AwaitSettled(t, bootAt, name, func() { s.Explain(t, bootAt, nil) })
+	s.CheckReceiver(t)
+	for _, i := range []int{1, 2} {
+		if err := g.Nodes[i].Restart(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testkit.WaitUntil(t, 60*time.Second, "the killed nodes joined again", func() (bool, any) {
+		size := g.Nodes[0].Status("wsrep_cluster_size")
+		return size == "3", size
+	})
+	last := "none"
+	if !lastOK.IsZero() {
+		last = lastOK.Sub(killedAt).Round(time.Millisecond).String()
+	}
+	t.Logf("FAILOVER %s: %d results, %d answered 200, %d 503, %d neither; node 0 non-Primary %v after the kill (writes held until then; the last 200 of a webhook sent after the kill: %s), /readyz 503 %v after that; "+
+		"%d sent while it knew, all 503 (p50 %v, slowest %v); bootstrapped %v after the kill, /readyz 200 %v after that; %d sent again in %d rounds; %s (from the bootstrap)",
+		name, len(answers), ok, unavailable, other, nonPrimaryAt.Sub(killedAt).Round(time.Millisecond), last, notReadyAt.Sub(nonPrimaryAt).Round(time.Millisecond),
+		refused, percentile(refusedTook, 50).Round(time.Millisecond), percentile(refusedTook, 100).Round(time.Millisecond),
+		bootAt.Sub(killedAt).Round(time.Millisecond), readyAgainAt.Sub(bootAt).Round(time.Millisecond), resent, rounds, st)
 	s.LogMetrics(t)
 	s.StillRunning(t)
 	if !t.Failed() {

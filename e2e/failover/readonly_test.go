@@ -265,8 +265,8 @@ func compareWithDatabase(t *testing.T, s *testkit.Stack, name string, answers []
 	return lost
 }
 
-// sendAgain sends the results answered 503 (or not at all) again, as the
-// enrollments must end up done; one that still fails is sent again until
+// sendAgain sends the results answered 503 (or not at all) again, 32 at a
+// time, as the enrollments must end up done; one that still fails is sent again until
 // the bound from the fault's end (the sender's retry, not a wait). It
 // returns how many rounds that took.
 func sendAgain(t *testing.T, s *testkit.Stack, name string, again []testkit.Result, from time.Time) int {
@@ -278,9 +278,11 @@ func sendAgain(t *testing.T, s *testkit.Stack, name string, again []testkit.Resu
 		}
 		rounds++
 		var still []testkit.Result
-		for _, x := range again {
-			if a := s.Send(x); a.Err != nil || a.Status != http.StatusOK {
-				still = append(still, x)
+		// 32 at a time, as NanoMDM's own sender would: one after another,
+		// hundreds of them would take seconds of the bound
+		for _, a := range <-s.Stream(again, 0, 32) {
+			if a.Err != nil || a.Status != http.StatusOK {
+				still = append(still, a.X)
 			}
 		}
 		again = still

@@ -3,6 +3,7 @@ package mysql_test
 import (
 	"database/sql"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -94,4 +95,45 @@ func mustOpen(t *testing.T, node *testha.SQLServer) *sql.DB {
 	}
 	t.Cleanup(func() { db.Close() })
 	return db
+}
+
+// Ready, /readyz's mysql check: a synced Galera node is ready; the node
+// left when two of three are killed has no quorum and refuses writes, and
+// Ready says so (a ping alone still answers); bootstrapped as a primary
+// component of its own it is ready again. On a server without Galera
+// (the suite's) it is a ping.
+func TestReadyIsFalseOnAGaleraNodeWithoutQuorum(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	if err := stepmysql.Ready(ctx, testkit.NewDB(t, nil).DB); err != nil {
+		t.Fatalf("Ready on the suite's server: %v", err)
+	}
+	g := testha.StartGalera(t, 3)
+	if _, err := g.Nodes[0].Admin.ExecContext(ctx, "CREATE DATABASE ha_fanout"); err != nil {
+		t.Fatal(err)
+	}
+	db := mustOpen(t, g.Nodes[0])
+	if err := stepmysql.Ready(ctx, db); err != nil {
+		t.Fatalf("Ready on a synced node: %v", err)
+	}
+	g.Nodes[1].Kill()
+	g.Nodes[2].Kill()
+	testkit.WaitUntil(t, 30*time.Second, "node 0 out of the primary component", func() (bool, any) {
+		err := stepmysql.Ready(ctx, db)
+		return err != nil, err
+	})
+	err := stepmysql.Ready(ctx, db)
+	if err == nil || !strings.Contains(err.Error(), "not in the primary component") {
+		t.Errorf("Ready on a node without quorum: %v, want it to say so", err)
+	}
+	if perr := db.PingContext(ctx); perr != nil {
+		t.Errorf("ping on a node without quorum: %v (a ping alone was never going to tell)", perr)
+	}
+	if _, err := g.Nodes[0].Admin.ExecContext(ctx, "SET GLOBAL wsrep_provider_options = 'pc.bootstrap=YES'"); err != nil {
+		t.Fatal(err)
+	}
+	testkit.WaitUntil(t, 15*time.Second, "node 0 ready as a primary component of its own", func() (bool, any) {
+		err := stepmysql.Ready(ctx, db)
+		return err == nil, err
+	})
 }

@@ -16,6 +16,11 @@ package mysql
 // expanded by expand; callers chunk their lists to maxInList.
 
 const (
+	// Readiness on a Galera node (ready.go): SHOW, which a node without
+	// quorum still answers, and the same on MySQL and MariaDB.
+	qWsrepOn    = `SHOW GLOBAL VARIABLES LIKE 'wsrep_on'`
+	qWsrepState = `SHOW GLOBAL STATUS WHERE Variable_name IN ('wsrep_ready', 'wsrep_cluster_status', 'wsrep_local_state_comment', 'wsrep_cluster_size')`
+
 	// Which step does this enrollment's command belong to. Non-locking; the
 	// engine's "was this sent by a workflow" question.
 	qGetRequestType = `
