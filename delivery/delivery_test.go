@@ -42,22 +42,22 @@ func (f *oneEvent) ClaimDueEvents(context.Context, int, time.Duration) ([]*stora
 	return []*storage.OutboxEvent{{OutboxRef: storage.OutboxRef{ID: 7, EventID: "ev-1", Type: "step.completed", Attempts: 1},
 		Payload: []byte(`{"event_id":"ev-1"}`)}}, nil
 }
-func (f *oneEvent) RenewLeases(context.Context, []int64, time.Duration) error { return nil }
-func (f *oneEvent) AckEvents(context.Context, []int64) error {
+func (f *oneEvent) RenewLeases(context.Context, []storage.OutboxRef, time.Duration) error { return nil }
+func (f *oneEvent) AckEvents(context.Context, []storage.OutboxRef) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.acked = true
 	close(f.settled)
 	return nil
 }
-func (f *oneEvent) FailEvent(_ context.Context, _ int64, reason string, at time.Time) error {
+func (f *oneEvent) FailEvent(_ context.Context, _ storage.OutboxRef, reason string, at time.Time) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.reason, f.failAt = reason, at
 	close(f.settled)
 	return nil
 }
-func (f *oneEvent) HoldEvent(context.Context, int64, string) error {
+func (f *oneEvent) HoldEvent(context.Context, storage.OutboxRef, string) error {
 	panic("held: no limit was configured")
 }
 

@@ -15,10 +15,12 @@ import (
 // DispatchStore is what the dispatcher needs of the storage.
 type DispatchStore interface {
 	ClaimDueEvents(ctx context.Context, limit int, lease time.Duration) ([]*storage.OutboxEvent, error)
-	RenewLeases(ctx context.Context, ids []int64, lease time.Duration) error
-	AckEvents(ctx context.Context, ids []int64) error
-	FailEvent(ctx context.Context, id int64, reason string, retryAt time.Time) error
-	HoldEvent(ctx context.Context, id int64, reason string) error
+	// Each names an event by its row and its event id (storage.OutboxRef):
+	// a row id alone may name another event after a failover.
+	RenewLeases(ctx context.Context, evs []storage.OutboxRef, lease time.Duration) error
+	AckEvents(ctx context.Context, evs []storage.OutboxRef) error
+	FailEvent(ctx context.Context, ev storage.OutboxRef, reason string, retryAt time.Time) error
+	HoldEvent(ctx context.Context, ev storage.OutboxRef, reason string) error
 }
 
 // Defaults of the worker's -max-delivery-attempts and -max-delivery-age.
@@ -201,22 +203,22 @@ func (p *Dispatcher) own(evs []*storage.OutboxEvent) []*storage.OutboxEvent {
 func (p *Dispatcher) deliverBatch(ctx context.Context, evs []*storage.OutboxEvent) {
 	var (
 		mu        sync.Mutex
-		leased    = make(map[int64]bool, len(evs)) // in flight or being acknowledged
+		leased    = make(map[int64]storage.OutboxRef, len(evs)) // in flight or being acknowledged
 		abandoned int
 		wg        sync.WaitGroup
 	)
 	for _, ev := range evs {
-		leased[ev.ID] = true
+		leased[ev.ID] = ev.OutboxRef
 	}
-	release := func(ids ...int64) {
+	release := func(refs ...storage.OutboxRef) {
 		mu.Lock()
-		for _, id := range ids {
-			delete(leased, id)
+		for _, r := range refs {
+			delete(leased, r.ID)
 		}
 		mu.Unlock()
 		p.mu.Lock()
-		for _, id := range ids {
-			delete(p.mine, id)
+		for _, r := range refs {
+			delete(p.mine, r.ID)
 		}
 		p.mu.Unlock()
 	}
@@ -231,20 +233,20 @@ func (p *Dispatcher) deliverBatch(ctx context.Context, evs []*storage.OutboxEven
 			case <-t.C:
 			}
 			mu.Lock()
-			ids := make([]int64, 0, len(leased))
-			for id := range leased {
-				ids = append(ids, id)
+			refs := make([]storage.OutboxRef, 0, len(leased))
+			for _, r := range leased {
+				refs = append(refs, r)
 			}
 			mu.Unlock()
-			if len(ids) == 0 {
+			if len(refs) == 0 {
 				continue
 			}
-			if err := p.store.RenewLeases(ctx, ids, p.cfg.Lease); err != nil {
+			if err := p.store.RenewLeases(ctx, refs, p.cfg.Lease); err != nil {
 				p.d.logger.Warn().Err(err).Msg("renewing delivery leases; another worker may deliver these too (the receiver deduplicates on event_id)")
 			}
 		}
 	}()
-	delivered := make(chan int64, len(evs))
+	delivered := make(chan storage.OutboxRef, len(evs))
 	ackDone := make(chan struct{})
 	go func() {
 		defer close(ackDone)
@@ -257,10 +259,10 @@ func (p *Dispatcher) deliverBatch(ctx context.Context, evs []*storage.OutboxEven
 			outcome, err := p.d.post(ctx, ev)
 			p.d.metrics.Deliveries.WithLabelValues(ev.Type, outcome).Inc()
 			if err == nil {
-				delivered <- ev.ID // keeps its lease until acknowledged
+				delivered <- ev.OutboxRef // keeps its lease until acknowledged
 				return
 			}
-			release(ev.ID)
+			release(ev.OutboxRef)
 			if ctx.Err() != nil {
 				mu.Lock()
 				abandoned++ // stopping: its lease lapses, another worker takes it
@@ -268,7 +270,7 @@ func (p *Dispatcher) deliverBatch(ctx context.Context, evs []*storage.OutboxEven
 				return
 			}
 			if p.holds(ev) {
-				if herr := p.store.HoldEvent(ctx, ev.ID, err.Error()); herr != nil {
+				if herr := p.store.HoldEvent(ctx, ev.OutboxRef, err.Error()); herr != nil {
 					p.d.logger.Warn().Err(herr).Int64(logkeys.OutboxID, ev.ID).Msg("holding a failed event; its lease lapses and it is tried again")
 					return
 				}
@@ -278,7 +280,7 @@ func (p *Dispatcher) deliverBatch(ctx context.Context, evs []*storage.OutboxEven
 				return
 			}
 			retryAt := time.Now().Add(p.backoff(ev.Attempts))
-			if ferr := p.store.FailEvent(ctx, ev.ID, err.Error(), retryAt); ferr != nil {
+			if ferr := p.store.FailEvent(ctx, ev.OutboxRef, err.Error(), retryAt); ferr != nil {
 				p.d.logger.Warn().Err(ferr).Int64(logkeys.OutboxID, ev.ID).Msg("recording the failed delivery; its lease lapses instead")
 			}
 			p.d.logger.Warn().Err(err).Int64(logkeys.OutboxID, ev.ID).Str(logkeys.EventID, ev.EventID).Str(logkeys.EventType, ev.Type).
@@ -298,27 +300,27 @@ func (p *Dispatcher) deliverBatch(ctx context.Context, evs []*storage.OutboxEven
 // acknowledge removes each delivered event as it arrives. Events delivered
 // while an acknowledgement runs go together in the next statement, so a
 // batch answered at once costs a few statements, not one per event.
-func (p *Dispatcher) acknowledge(ctx context.Context, delivered <-chan int64, release func(...int64)) {
-	for id := range delivered {
-		ids := []int64{id}
+func (p *Dispatcher) acknowledge(ctx context.Context, delivered <-chan storage.OutboxRef, release func(...storage.OutboxRef)) {
+	for ref := range delivered {
+		refs := []storage.OutboxRef{ref}
 	more:
 		for {
 			select {
-			case id, ok := <-delivered:
+			case ref, ok := <-delivered:
 				if !ok {
 					break more
 				}
-				ids = append(ids, id)
+				refs = append(refs, ref)
 			default:
 				break more
 			}
 		}
-		p.ack(ctx, ids)
-		release(ids...)
+		p.ack(ctx, refs)
+		release(refs...)
 	}
 }
 
-func (p *Dispatcher) ack(ctx context.Context, ids []int64) {
+func (p *Dispatcher) ack(ctx context.Context, refs []storage.OutboxRef) {
 	if ctx.Err() != nil {
 		// the work context is gone: acknowledge on a short one of our own,
 		// or these delivered events are delivered again
@@ -326,13 +328,13 @@ func (p *Dispatcher) ack(ctx context.Context, ids []int64) {
 		defer cancel()
 		ctx = actx
 	}
-	if err := p.store.AckEvents(ctx, ids); err != nil {
+	if err := p.store.AckEvents(ctx, refs); err != nil {
 		// delivered but not removed: they will be delivered again once
 		// their lease lapses, which the receiver's dedup on event_id absorbs
-		p.d.logger.Warn().Err(err).Int(logkeys.Count, len(ids)).Msg("removing delivered events")
+		p.d.logger.Warn().Err(err).Int(logkeys.Count, len(refs)).Msg("removing delivered events")
 		return
 	}
-	p.d.logger.Debug().Int(logkeys.Count, len(ids)).Msg("events delivered")
+	p.d.logger.Debug().Int(logkeys.Count, len(refs)).Msg("events delivered")
 }
 
 // holds says whether ev, whose try just failed, has used up its attempts

@@ -18,6 +18,7 @@ import (
 	"github.com/stepcollect/stepcollect/events"
 	"github.com/stepcollect/stepcollect/internal/testkit"
 	"github.com/stepcollect/stepcollect/metrics"
+	"github.com/stepcollect/stepcollect/storage"
 	stepmysql "github.com/stepcollect/stepcollect/storage/mysql"
 )
 
@@ -134,7 +135,9 @@ func TestAReceiverThatComesBackIsServedWithinTheBackoffCap(t *testing.T) {
 // database answers them later than a lease.
 type lateRenewals struct{ *stepmysql.Storage }
 
-func (lateRenewals) RenewLeases(context.Context, []int64, time.Duration) error { return nil }
+func (lateRenewals) RenewLeases(context.Context, []storage.OutboxRef, time.Duration) error {
+	return nil
+}
 
 // An event whose lease lapses while its POST runs (the renewals late) is
 // claimed again by another loop of the same worker, which does not POST it

@@ -107,10 +107,10 @@ func (o *outbox) ClaimDueEvents(context.Context, int, time.Duration) ([]*storage
 	}
 	return nil, nil
 }
-func (o *outbox) RenewLeases(context.Context, []int64, time.Duration) error { return nil }
-func (o *outbox) AckEvents(context.Context, []int64) error                  { return nil }
-func (o *outbox) FailEvent(context.Context, int64, string, time.Time) error { return nil }
-func (o *outbox) HoldEvent(context.Context, int64, string) error            { return nil }
+func (o *outbox) RenewLeases(context.Context, []storage.OutboxRef, time.Duration) error { return nil }
+func (o *outbox) AckEvents(context.Context, []storage.OutboxRef) error                  { return nil }
+func (o *outbox) FailEvent(context.Context, storage.OutboxRef, string, time.Time) error { return nil }
+func (o *outbox) HoldEvent(context.Context, storage.OutboxRef, string) error            { return nil }
 
 // The Receiver above, fed by stepcollect's own dispatcher: the event is
 // handled once though it is delivered twice, and a body signed with

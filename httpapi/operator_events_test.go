@@ -78,9 +78,9 @@ func TestV1EventsListsTheOutboxByStatePagingEveryEventOnce(t *testing.T) {
 	for i, ev := range claimed[:10] { // 4 held, 6 failing, 15 pending
 		var err error
 		if i < 4 {
-			err = b.store.HoldEvent(t.Context(), ev.ID, "callback answered 400 Bad Request")
+			err = b.store.HoldEvent(t.Context(), ev.OutboxRef, "callback answered 400 Bad Request")
 		} else {
-			err = b.store.FailEvent(t.Context(), ev.ID, "callback answered 503 Service Unavailable", time.Now().Add(time.Hour))
+			err = b.store.FailEvent(t.Context(), ev.OutboxRef, "callback answered 503 Service Unavailable", time.Now().Add(time.Hour))
 		}
 		if err != nil {
 			t.Fatal(err)
@@ -171,10 +171,10 @@ func TestV1DeliverReleasesAHeldEventOrMakesAFailingOneDue(t *testing.T) {
 	b := setup(t, nil)
 	b.completedEvents(t, 2)
 	evs := b.claimAll(t)
-	if err := b.store.HoldEvent(t.Context(), evs[0].ID, "callback answered 400 Bad Request"); err != nil {
+	if err := b.store.HoldEvent(t.Context(), evs[0].OutboxRef, "callback answered 400 Bad Request"); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.store.FailEvent(t.Context(), evs[1].ID, "callback answered 503 Service Unavailable", time.Now().Add(time.Hour)); err != nil {
+	if err := b.store.FailEvent(t.Context(), evs[1].OutboxRef, "callback answered 503 Service Unavailable", time.Now().Add(time.Hour)); err != nil {
 		t.Fatal(err)
 	}
 	status, body := b.client.V1(t, "POST", "/v1/events/"+evs[0].EventID+"/deliver", nil)

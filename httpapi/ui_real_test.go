@@ -12,6 +12,7 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/stepcollect/stepcollect/internal/testkit"
+	"github.com/stepcollect/stepcollect/storage"
 )
 
 // The operator page on the real endpoints and storage: an operator opens a
@@ -34,7 +35,7 @@ func TestUIOnTheRealEndpointsCancelsAStepAndReleasesAHeldEvent(t *testing.T) {
 		t.Fatalf("outbox: %+v %v, want the one step.completed", page1.Events, err)
 	}
 	ev := page1.Events[0]
-	if err := b.store.HoldEvent(bg, ev.ID, "callback answered 400 Bad Request"); err != nil {
+	if err := b.store.HoldEvent(bg, storage.OutboxRef{ID: ev.ID, EventID: ev.EventID}, "callback answered 400 Bad Request"); err != nil {
 		t.Fatal(err)
 	}
 

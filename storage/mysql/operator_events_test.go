@@ -57,7 +57,7 @@ func TestAHeldEventWaitsForItsReleaseAndThenStartsAfresh(t *testing.T) {
 	if ev.Age <= 0 || ev.Age > time.Minute {
 		t.Errorf("a fresh event's age at claim is %v", ev.Age)
 	}
-	if err := b.store.HoldEvent(ctx, ev.ID, "callback answered 400 Bad Request"); err != nil {
+	if err := b.store.HoldEvent(ctx, ev.OutboxRef, "callback answered 400 Bad Request"); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := b.db.Exec(`UPDATE stepcollect_outbox SET lease_until = NULL`); err != nil { // as if every lease lapsed
@@ -106,7 +106,7 @@ func TestDeliverNowEndsABackoffButNotADeliveryInFlight(t *testing.T) {
 		t.Fatal("an event in flight claimed again after deliver-now")
 	}
 	retry := time.Now().Add(time.Hour)
-	if err := b.store.FailEvent(ctx, ev.ID, "callback answered 503 Service Unavailable", retry); err != nil {
+	if err := b.store.FailEvent(ctx, ev.OutboxRef, "callback answered 503 Service Unavailable", retry); err != nil {
 		t.Fatal(err)
 	}
 	e := b.entry(t, ev.EventID)
@@ -141,9 +141,9 @@ func TestListingEventsPagesEveryEventOnceOldestFirst(t *testing.T) {
 	}
 	for i, ev := range evs { // 10 held, 20 failing, 30 pending (never tried)
 		if i < 10 {
-			err = b.store.HoldEvent(ctx, ev.ID, "refused")
+			err = b.store.HoldEvent(ctx, ev.OutboxRef, "refused")
 		} else {
-			err = b.store.FailEvent(ctx, ev.ID, "refused", time.Now().Add(time.Hour))
+			err = b.store.FailEvent(ctx, ev.OutboxRef, "refused", time.Now().Add(time.Hour))
 		}
 		if err != nil {
 			t.Fatal(err)

@@ -91,15 +91,16 @@ func (s *Storage) ClaimDueEvents(ctx context.Context, limit int, lease time.Dura
 // RenewLeases extends the lease of events whose delivery is still running.
 // Like AckEvents it runs through inTx, so a lock wait timeout or a
 // deadlock under load is retried rather than costing the lease.
-func (s *Storage) RenewLeases(ctx context.Context, ids []int64, lease time.Duration) error {
+func (s *Storage) RenewLeases(ctx context.Context, evs []storage.OutboxRef, lease time.Duration) error {
 	until := time.Now().Add(lease)
-	return chunks(ids, maxInList, func(c []int64) error {
+	return chunks(evs, maxInList, func(c []storage.OutboxRef) error {
+		ids, eventIDs := refKeys(c)
 		err := s.inTx(ctx, storage.OpRenewLeases, func(ctx context.Context, tx *sql.Tx, _ *attempt) error {
-			_, err := tx.ExecContext(ctx, expand(qRenewLeases, len(c)), args(c, dbTime(until))...)
+			_, err := tx.ExecContext(ctx, expand(qRenewLeases, len(c), len(c)), append(args(ids, dbTime(until)), args(eventIDs)...)...)
 			return err
 		})
 		if err != nil {
-			return fmt.Errorf("renewing the lease of events %v: %w", c, err)
+			return fmt.Errorf("renewing the lease of events %v: %w", ids, err)
 		}
 		return nil
 	})
@@ -108,27 +109,37 @@ func (s *Storage) RenewLeases(ctx context.Context, ids []int64, lease time.Durat
 // AckEvents removes delivered events from the outbox, in one statement,
 // retried on a lock wait timeout or a deadlock: an acknowledgement lost
 // to one would be a redelivery once the lease lapses.
-func (s *Storage) AckEvents(ctx context.Context, ids []int64) error {
-	return chunks(ids, maxInList, func(c []int64) error {
+func (s *Storage) AckEvents(ctx context.Context, evs []storage.OutboxRef) error {
+	return chunks(evs, maxInList, func(c []storage.OutboxRef) error {
+		ids, eventIDs := refKeys(c)
 		err := s.inTx(ctx, storage.OpAckEvents, func(ctx context.Context, tx *sql.Tx, _ *attempt) error {
-			_, err := tx.ExecContext(ctx, expand(qAckEvents, len(c)), args(c)...)
+			_, err := tx.ExecContext(ctx, expand(qAckEvents, len(c), len(c)), append(args(ids), args(eventIDs)...)...)
 			return err
 		})
 		if err != nil {
-			return fmt.Errorf("acknowledging events %v: %w", c, err)
+			return fmt.Errorf("acknowledging events %v: %w", ids, err)
 		}
 		return nil
 	})
 }
 
+// refKeys are the row ids and the event ids of evs, in order.
+func refKeys(evs []storage.OutboxRef) ([]int64, []string) {
+	ids, eventIDs := make([]int64, len(evs)), make([]string, len(evs))
+	for i, ev := range evs {
+		ids[i], eventIDs[i] = ev.ID, ev.EventID
+	}
+	return ids, eventIDs
+}
+
 // FailEvent records a failed delivery and leaves the event alone until
 // retryAt, when its lease lapses and the dispatcher claims it again.
-func (s *Storage) FailEvent(ctx context.Context, id int64, reason string, retryAt time.Time) error {
+func (s *Storage) FailEvent(ctx context.Context, ev storage.OutboxRef, reason string, retryAt time.Time) error {
 	if len(reason) > 1000 {
 		reason = reason[:1000]
 	}
-	if _, err := s.db.ExecContext(ctx, qFailEvent, reason, dbTime(retryAt), dbTime(retryAt), id); err != nil {
-		return fmt.Errorf("recording failed delivery of event %d: %w", id, err)
+	if _, err := s.db.ExecContext(ctx, qFailEvent, reason, dbTime(retryAt), dbTime(retryAt), ev.ID, ev.EventID); err != nil {
+		return fmt.Errorf("recording failed delivery of event %s (outbox row %d): %w", ev.EventID, ev.ID, err)
 	}
 	return nil
 }

@@ -201,7 +201,7 @@ func TestClaimDueEventsIsExclusiveUntilItsLeaseRunsOut(t *testing.T) {
 	startTogether(10, func(i int) {
 		claimed[i], errs[i] = b.store.ClaimDueEvents(ctx, 10, time.Minute)
 	})
-	var id int64
+	var ref storage.OutboxRef
 	won := 0
 	for i, evs := range claimed {
 		if errs[i] != nil {
@@ -209,7 +209,7 @@ func TestClaimDueEventsIsExclusiveUntilItsLeaseRunsOut(t *testing.T) {
 		}
 		for _, ev := range evs {
 			won++
-			id = ev.ID
+			ref = ev.OutboxRef
 			if ev.Attempts != 1 || ev.Type != events.StepCompleted {
 				t.Errorf("first claim: %+v, want attempt 1 of a step.completed", ev)
 			}
@@ -221,23 +221,70 @@ func TestClaimDueEventsIsExclusiveUntilItsLeaseRunsOut(t *testing.T) {
 	if evs, err := b.store.ClaimDueEvents(ctx, 10, time.Minute); err != nil || len(evs) != 0 {
 		t.Errorf("a leased event claimed again: %v, %v", evs, err)
 	}
-	if err := b.store.FailEvent(ctx, id, "503 Service Unavailable", time.Now().Add(-time.Millisecond)); err != nil {
+	if err := b.store.FailEvent(ctx, ref, "503 Service Unavailable", time.Now().Add(-time.Millisecond)); err != nil {
 		t.Fatal(err)
 	}
 	evs, err := b.store.ClaimDueEvents(ctx, 10, time.Minute)
-	if err != nil || len(evs) != 1 || evs[0].ID != id || evs[0].Attempts != 2 || evs[0].Type != events.StepCompleted {
+	if err != nil || len(evs) != 1 || evs[0].ID != ref.ID || evs[0].Attempts != 2 || evs[0].Type != events.StepCompleted {
 		t.Fatalf("expired lease not claimed again (as the second attempt): %+v, %v", evs, err)
 	}
-	if err := b.store.AckEvents(ctx, []int64{id}); err != nil {
+	if err := b.store.AckEvents(ctx, []storage.OutboxRef{ref}); err != nil {
 		t.Fatal(err)
 	}
 	if n := testkit.Count(t, b.db.DB, `SELECT COUNT(*) FROM stepcollect_outbox`); n != 0 {
 		t.Errorf("%d pending after the ack", n)
 	}
-	if err := b.store.FailEvent(ctx, id, "late", time.Now().Add(-time.Millisecond)); err != nil {
+	if err := b.store.FailEvent(ctx, ref, "late", time.Now().Add(-time.Millisecond)); err != nil {
 		t.Fatal(err)
 	}
 	if evs, err := b.store.ClaimDueEvents(ctx, 10, time.Minute); err != nil || len(evs) != 0 {
 		t.Errorf("a delivered event claimed again: %v, %v", evs, err)
+	}
+}
+
+// A worker names each event it renews, acknowledges, fails or holds by
+// its row and its event id. After a failover to an asynchronous replica
+// that lost the last writes, the row a worker claimed may hold another
+// event (the replica gave its id again): acting on the row id alone
+// deleted that event undelivered (e2e/failover's replica test saw it).
+// Here the claimed event's row is replaced by another event under the same
+// id, and nothing the worker does to its claim may touch it.
+func TestAWorkersAcknowledgementNamesItsEventNotJustTheRow(t *testing.T) {
+	t.Parallel()
+	b := setup(t, &setupOpts{extra: []mysql.Option{mysql.WithOutbox()}})
+	ctx := t.Context()
+	b.written(t, "reused", 1)
+	claimed := b.claimOne(t)
+	var stepID int64
+	if err := b.db.QueryRow(`SELECT step_id FROM stepcollect_outbox WHERE id = ?`, claimed.ID).Scan(&stepID); err != nil {
+		t.Fatal(err)
+	}
+	// what the promoted replica holds: another event under the same row id
+	if _, err := b.db.Exec(`DELETE FROM stepcollect_outbox WHERE id = ?`, claimed.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.db.Exec(`INSERT INTO stepcollect_outbox (id, event_id, event_type, step_id, payload) VALUES (?, 'another-event', ?, ?, '{}')`,
+		claimed.ID, events.StepCompleted, stepID); err != nil {
+		t.Fatal(err)
+	}
+	for what, err := range map[string]error{
+		"renew":       b.store.RenewLeases(ctx, []storage.OutboxRef{claimed.OutboxRef}, time.Hour),
+		"fail":        b.store.FailEvent(ctx, claimed.OutboxRef, "late", time.Now().Add(time.Hour)),
+		"hold":        b.store.HoldEvent(ctx, claimed.OutboxRef, "late"),
+		"acknowledge": b.store.AckEvents(ctx, []storage.OutboxRef{claimed.OutboxRef}),
+	} {
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	var eventID string
+	var leased, failed, held bool
+	err := b.db.QueryRow(`SELECT event_id, lease_until IS NOT NULL, last_error IS NOT NULL, held_at IS NOT NULL FROM stepcollect_outbox WHERE id = ?`, claimed.ID).
+		Scan(&eventID, &leased, &failed, &held)
+	if err != nil {
+		t.Fatalf("the other event under row %d: %v (acknowledged in the claimed event's place?)", claimed.ID, err)
+	}
+	if eventID != "another-event" || leased || failed || held {
+		t.Errorf("the other event under row %d: %s, leased %v, failed %v, held %v; want it untouched", claimed.ID, eventID, leased, failed, held)
 	}
 }

@@ -275,14 +275,20 @@ ORDER BY id LIMIT ? FOR UPDATE SKIP LOCKED`
 UPDATE stepcollect_outbox SET attempts = attempts + 1, lease_until = ?, retry_at = NULL WHERE id IN (?)`
 
 	// A delivery still running keeps its lease.
+	// A worker's renewals, acknowledgements, failures and holds name each
+	// event by its row and its event id: after a failover to a replica
+	// that lost the last writes, the row ids the worker claimed may have
+	// been given to other events, and an acknowledgement by id alone would
+	// delete an event nobody delivered (e2e/failover's asynchronous
+	// replica test saw it). event_id is unique, so the pair is the event.
 	qRenewLeases = `
-UPDATE stepcollect_outbox SET lease_until = ? WHERE id IN (?)`
+UPDATE stepcollect_outbox SET lease_until = ? WHERE id IN (?) AND event_id IN (?)`
 
-	qAckEvents = `DELETE FROM stepcollect_outbox WHERE id IN (?)`
+	qAckEvents = `DELETE FROM stepcollect_outbox WHERE id IN (?) AND event_id IN (?)`
 
 	// retry_at marks the lease as a backoff, not a delivery in flight.
 	qFailEvent = `
-UPDATE stepcollect_outbox SET last_error = ?, lease_until = ?, retry_at = ? WHERE id = ?`
+UPDATE stepcollect_outbox SET last_error = ?, lease_until = ?, retry_at = ? WHERE id = ? AND event_id = ?`
 
 	// What every replica exports at scrape time: the outbox (its count,
 	// and the age by the server's clock of its oldest event not held,
@@ -381,7 +387,7 @@ FROM wf_events WHERE event_type = ? ORDER BY event_name`
 	// reach (held_at) with its last error, until released by hand.
 	qHoldEvent = `
 UPDATE stepcollect_outbox SET last_error = ?, held_at = CURRENT_TIMESTAMP(6), lease_until = NULL, retry_at = NULL
-WHERE id = ?`
+WHERE id = ? AND event_id = ?`
 
 	// A release starts the event afresh: its count, its age and its state
 	// (pending), due now.

@@ -151,18 +151,18 @@ func assertClaimsOnce(t *testing.T, b *bundle, want int) {
 		t.Fatal(err)
 	}
 	seen := map[string]bool{}
-	var ids []int64
+	var refs []storage.OutboxRef
 	for _, ev := range evs {
 		if seen[ev.EventID] || ev.Attempts != 1 {
 			t.Errorf("claimed %+v twice, or not as a first attempt", ev.OutboxRef)
 		}
 		seen[ev.EventID] = true
-		ids = append(ids, ev.ID)
+		refs = append(refs, ev.OutboxRef)
 	}
 	if len(evs) != want {
 		t.Fatalf("the dispatcher would claim %d events, want %d", len(evs), want)
 	}
-	if err := b.store.AckEvents(t.Context(), ids); err != nil {
+	if err := b.store.AckEvents(t.Context(), refs); err != nil {
 		t.Fatal(err)
 	}
 }
