@@ -44,6 +44,14 @@ type serverConfig struct {
 	Pool   int
 	params map[string]string
 	on     *dbServer
+	// stepcollectOnly: the floor and stepcollect's rows, not NanoCMD's
+	// (the Galera setting: what the consensus costs stepcollect)
+	stepcollectOnly bool
+}
+
+// runs reports whether the row label runs in setting c.
+func (c serverConfig) runs(label string) bool {
+	return !c.stepcollectOnly || !strings.HasPrefix(label, "NanoCMD")
 }
 
 // dbServer is a server other than the benchmark's own that rows run on.
@@ -139,6 +147,7 @@ type runner struct {
 	server    string
 	version   string    // the server's SELECT VERSION()
 	mysqlSrv  *dbServer // -mysql-dsn's, or nil
+	galera    *dbServer // -galera's node 0, or nil
 	admin     *sql.DB
 	results   []*fanout.Result
 	raw       *os.File
@@ -193,6 +202,9 @@ func startRunner(o *options) *runner {
 		die("server: %v", err)
 	}
 	r.addServerConfigs(o)
+	if o.galera {
+		r.addGalera()
+	}
 	if r.raw, err = os.Create(filepath.Join(o.outDir, "raw.jsonl")); err != nil {
 		die("%v", err)
 	}
@@ -227,6 +239,30 @@ func (r *runner) addServerConfigs(o *options) {
 	configs = append(configs, my...)
 }
 
+// addGalera starts a private three-node Galera cluster of the machine's
+// mariadbd (each node as the bench's own server: 2000 connections, 512
+// MiB, durable commits; no binary log, which Galera does not need) and adds
+// its setting: the defaults, on node 0, where the api and the worker
+// write and the other two nodes certify and apply every transaction.
+func (r *runner) addGalera() {
+	progress("starting a private three-node Galera cluster")
+	g, err := testha.RunGalera(3, testha.MariaDBConfig{MaxConnections: 2000, BufferPool: "512M", Durable: true,
+		Args: []string{"--character-set-server=utf8mb4", "--collation-server=utf8mb4_general_ci", "--back-log=4096"}})
+	if err != nil {
+		die("-galera: %v", err)
+	}
+	atExit(g.Stop)
+	srv, err := openMySQL(g.Nodes[0].DSN())
+	if err != nil {
+		die("-galera: %v", err)
+	}
+	r.galera = srv
+	configs = append(configs, serverConfig{Name: settingGalera, Pool: 128, on: srv, stepcollectOnly: true})
+}
+
+// settingGalera is the setting on the Galera cluster.
+const settingGalera = "Galera defaults"
+
 // runFanOut measures the rows of the fan-out tables: each server setting,
 // N and shape, the floor, each storage and the service.
 func (r *runner) runFanOut(o *options) {
@@ -237,7 +273,7 @@ func (r *runner) runFanOut(o *options) {
 					r.record(r.floor(cfg, n, control))
 				}
 				for _, im := range storageImpls {
-					if o.runsAt(im.Label, n) {
+					if o.runsAt(im.Label, n) && cfg.runs(im.Label) {
 						r.record(r.storage(im, fanout.ModeFanOut, cfg, n, control, 1))
 					}
 				}
@@ -313,7 +349,7 @@ func (r *runner) runSideRuns(o *options) sideRuns {
 
 // writeReport writes results.md and the charts, and prints the report.
 func (r *runner) writeReport(o *options, s sideRuns, started time.Time) {
-	md := report(r.results, s, r.version, r.mysqlSrv, started, time.Since(started))
+	md := report(r.results, s, r.version, r.mysqlSrv, r.galera, started, time.Since(started))
 	if err := os.WriteFile(filepath.Join(o.outDir, "results.md"), []byte(md), 0o644); err != nil {
 		die("%v", err)
 	}

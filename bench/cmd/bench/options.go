@@ -21,6 +21,7 @@ type options struct {
 	workersN                     int
 	e2eN, e2eInflight            int
 	mysqlDSN                     string // -mysql-dsn: the fan-out rows on MySQL too
+	galera                       bool   // -galera: stepcollect's fan-out rows on a three-node Galera cluster too
 }
 
 // want reports whether -only asks for the row (or run) label.
@@ -52,8 +53,10 @@ func (o *options) measurements() int {
 	total := 0
 	for _, l := range labels {
 		for _, n := range o.ns {
-			if o.runsAt(l, n) {
-				total += len(configs) * len(o.controls)
+			for _, cfg := range configs {
+				if o.runsAt(l, n) && cfg.runs(l) {
+					total += len(o.controls)
+				}
 			}
 		}
 	}
@@ -96,6 +99,7 @@ func parseFlags() *options {
 	flag.IntVar(&o.e2eN, "e2e-n", 3000, "enrollments of the end-to-end runs against NanoCMD v0.7.1's own server (0 skips them; -only e2e or -only dropin runs one alone)")
 	flag.IntVar(&o.e2eInflight, "e2e-inflight", 64, "enrollments answering at once in the end-to-end run (each answers its commands one after another)")
 	flag.StringVar(&o.mysqlDSN, "mysql-dsn", "", "also run the fan-out rows (floor, NanoCMD, storage, service) on this MySQL server (root DSN, no database), as settings \"MySQL defaults\", \"MySQL stricter\" and \"MySQL binlog\"")
+	flag.BoolVar(&o.galera, "galera", false, "also run the floor and stepcollect's fan-out rows on a private three-node MariaDB Galera cluster (galera-4), as setting \"Galera defaults\": what the consensus costs per result")
 	flag.Parse()
 
 	if o.ns, flagErr = parseInts(*nsFlag); flagErr != nil {

@@ -45,7 +45,7 @@ func index(results []*fanout.Result) map[key]*fanout.Result {
 	return m
 }
 
-func report(results []*fanout.Result, side sideRuns, version string, mysqlSrv *dbServer, started time.Time, took time.Duration) string {
+func report(results []*fanout.Result, side sideRuns, version string, mysqlSrv, galera *dbServer, started time.Time, took time.Duration) string {
 	sus, drains, e2e, large, prof := side.sus, side.drains, side.e2e, side.large, side.prof
 	var b strings.Builder
 	host, _ := os.Hostname()
@@ -57,6 +57,11 @@ func report(results []*fanout.Result, side sideRuns, version string, mysqlSrv *d
 		"binary log on with sync_binlog=1, written only in the binlog setting", took.Round(time.Second))
 	if mysqlSrv != nil {
 		fmt.Fprintf(&b, "The **MySQL** settings ran on MySQL %s (`-mysql-dsn`; its own server settings), pools %s.\n\n", mysqlSrv.version, mysqlPools())
+	}
+	if galera != nil {
+		fmt.Fprintf(&b, "The **Galera defaults** setting ran on a private three-node Galera cluster of MariaDB %s on this same machine (`-galera`; "+
+			"each node max_connections 2000, buffer pool 512 MiB, durable commits, no binary log), the defaults' session settings, every row's "+
+			"clients on node 0: each commit is certified by the group and applied by the two other nodes, which share the same CPUs.\n\n", galera.version)
 	}
 	b.WriteString("Server settings, applied per session: **defaults** = REPEATABLE READ, lock wait 50 s, pool 128; " +
 		"**stricter** = READ COMMITTED, lock wait 1 s, pool 1000, both without the binary log (sql_log_bin=0); " +

@@ -33,50 +33,113 @@ type Galera struct {
 func StartGalera(t testing.TB, n int) *Galera {
 	t.Helper()
 	testkit.RequireBinary(t, "mariadbd", "mariadb-install-db", "mysqldump")
-	if _, err := os.Stat(galeraProvider); err != nil {
+	if err := GaleraAvailable(); err != nil {
 		if os.Getenv("CI") == "true" {
 			t.Fatalf("galera-4 is required under CI: %v", err)
 		}
 		t.Skipf("no galera-4 (%v)", err)
 	}
-	gcomm := make([]int, n)
+	g, err := newGalera(n, MariaDBConfig{}, t)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g
+}
+
+// GaleraAvailable says why this machine cannot run a Galera node (nil
+// when it can): Debian's galera-4 is not installed.
+func GaleraAvailable() error {
+	_, err := os.Stat(galeraProvider)
+	return err
+}
+
+// RunGalera is StartGalera outside a test (the bench's), each node shaped
+// by cfg (its Args come before the Galera options): the caller stops the
+// nodes, and removes their files, with Stop.
+func RunGalera(n int, cfg MariaDBConfig) (*Galera, error) {
+	if err := GaleraAvailable(); err != nil {
+		return nil, err
+	}
+	return newGalera(n, cfg, nil)
+}
+
+// Stop kills every node of a cluster RunGalera started and removes its
+// files.
+func (g *Galera) Stop() {
+	for _, n := range g.Nodes {
+		n.Stop()
+	}
+}
+
+// newGalera starts the nodes, in t (killed and removed when it ends) or,
+// with t nil, for the caller to Stop.
+func newGalera(n int, cfg MariaDBConfig, t testing.TB) (*Galera, error) {
 	ports := make([]int, n)
 	var peers []string
 	for i := range n {
-		ports[i], gcomm[i] = testkit.FreePort(t), testkit.FreePort(t)
-		peers = append(peers, "127.0.0.1:"+strconv.Itoa(gcomm[i]))
+		var err error
+		gcomm := 0
+		if ports[i], err = testkit.PickPort(); err == nil {
+			gcomm, err = testkit.PickPort()
+		}
+		if err != nil {
+			return nil, err
+		}
+		peers = append(peers, "127.0.0.1:"+strconv.Itoa(gcomm))
 	}
 	g := &Galera{}
+	fail := func(err error) (*Galera, error) {
+		if t == nil {
+			g.Stop()
+		}
+		return nil, err
+	}
 	for i := range n {
 		dir, err := os.MkdirTemp("", "testha-galera")
 		if err != nil {
-			t.Fatal(err)
+			return fail(err)
 		}
-		t.Cleanup(func() { os.RemoveAll(dir) })
-		ist := testkit.FreePort(t)
-		args := []string{
-			"--wsrep-on=ON", "--wsrep-provider=" + galeraProvider,
-			"--wsrep-cluster-name=stepcollect-test", "--wsrep-cluster-address=gcomm://" + strings.Join(peers, ","),
-			"--wsrep-node-address=" + peers[i],
+		if t != nil {
+			t.Cleanup(func() { os.RemoveAll(dir) })
+		}
+		ist, err := testkit.PickPort()
+		if err != nil {
+			return fail(err)
+		}
+		args := append(slices.Clone(cfg.Args),
+			"--wsrep-on=ON", "--wsrep-provider="+galeraProvider,
+			"--wsrep-cluster-name=stepcollect-test", "--wsrep-cluster-address=gcomm://"+strings.Join(peers, ","),
+			"--wsrep-node-address="+peers[i],
 			fmt.Sprintf("--wsrep-provider-options=gmcast.listen_addr=tcp://%s;ist.recv_addr=127.0.0.1:%d", peers[i], ist),
 			"--wsrep-sst-method=mysqldump", "--wsrep-sst-auth=root:", fmt.Sprintf("--wsrep-sst-receive-address=127.0.0.1:%d", ports[i]),
 			// what Galera requires of every node
 			"--binlog-format=ROW", "--innodb-autoinc-lock-mode=2",
-		}
+		)
 		if i == 0 {
 			args = append(args, "--wsrep-new-cluster")
 		}
-		s, err := newMariaDB(dir, ports[i], MariaDBConfig{Args: args})
+		nc := cfg
+		nc.Args = args
+		s, err := newMariaDB(dir, ports[i], nc)
 		if err != nil {
-			t.Fatal(err)
+			os.RemoveAll(dir)
+			return fail(err)
 		}
-		s.t = t
-		s.launch()
+		if t != nil {
+			s.t = t
+			s.launch()
+		} else {
+			s.dir = dir
+			if err := s.open(); err != nil {
+				g.Nodes = append(g.Nodes, s)
+				return fail(err)
+			}
+		}
 		g.Nodes = append(g.Nodes, s)
 	}
 	for i, s := range g.Nodes {
 		if err := s.awaitSynced(60 * time.Second); err != nil {
-			t.Fatalf("galera node %d: %v", i, err)
+			return fail(fmt.Errorf("galera node %d: %w", i, err))
 		}
 	}
 	// The cluster is formed: node 0, restarted after a kill, joins the
@@ -84,7 +147,7 @@ func StartGalera(t testing.TB, n int) *Galera {
 	// cluster of its own.
 	n0 := g.Nodes[0].proc
 	n0.args = slices.DeleteFunc(slices.Clone(n0.args), func(a string) bool { return a == "--wsrep-new-cluster" })
-	return g
+	return g, nil
 }
 
 // Status is a wsrep status variable of the node (wsrep_cluster_size,
