@@ -157,25 +157,9 @@ func TestGaleraTheAPIsNodeKilledInTheMiddleOfAFanOut(t *testing.T) {
 		t.Errorf("%s: the cluster has %q members after the results, want 2: the kill did not take", name, size)
 	}
 
-	var ok, unavailable, other, afterMove, afterMoveBad int
-	var again []testkit.Result
-	var firstOK time.Time
+	tl := tallyAnswers(t, name, answers, killedAt)
+	var afterMove, afterMoveBad int
 	for _, a := range answers {
-		switch {
-		case a.Err == nil && a.Status == http.StatusOK:
-			ok++
-			if a.Start.After(killedAt) && (firstOK.IsZero() || a.End.Before(firstOK)) {
-				firstOK = a.End
-			}
-		case a.Err == nil && a.Status == http.StatusServiceUnavailable:
-			unavailable++
-			again = append(again, a.X)
-		default:
-			if other++; other <= 10 {
-				t.Errorf("%s: webhook %s answered %d %q %v: only 200 or 503 are right", name, a.X, a.Status, a.Body, a.Err)
-			}
-			again = append(again, a.X)
-		}
 		if a.Start.After(movedAt.Add(time.Second)) {
 			afterMove++
 			if a.Status != http.StatusOK {
@@ -192,7 +176,7 @@ func TestGaleraTheAPIsNodeKilledInTheMiddleOfAFanOut(t *testing.T) {
 	// before anything is sent again: every 200 committed, nothing
 	// half-written, a 503 committed only if it was in flight at the kill
 	checkNothingHalfWritten(t, s, name, answers, killedAt)
-	resent, rounds := len(again), sendAgain(t, s, name, again, movedAt)
+	resent, rounds := len(tl.again), sendAgain(t, s, name, tl.again, movedAt)
 	st := s.AwaitSettled(t, movedAt, name, func() { s.Explain(t, movedAt, nil) })
 	s.CheckReceiver(t)
 
@@ -205,18 +189,10 @@ func TestGaleraTheAPIsNodeKilledInTheMiddleOfAFanOut(t *testing.T) {
 		err := g.Nodes[0].Admin.QueryRow("SELECT COUNT(*) FROM " + dbName + ".steps").Scan(&steps)
 		return state == "Synced" && err == nil && steps == 0, fmt.Sprintf("%s, %d steps, %v", state, steps, err)
 	})
-	first := "none"
-	if !firstOK.IsZero() {
-		first = firstOK.Sub(killedAt).Round(time.Millisecond).String()
-	}
-	t.Logf("FAILOVER %s: %d results, %d answered 200, %d 503, %d neither; the balancer moved %v after the kill, the first 200 sent after the kill came %v after it; "+
+	t.Logf("FAILOVER %s: %s; the balancer moved %v after the kill, the first 200 sent after the kill came %s after it; "+
 		"%d sent again in %d rounds; %s (from the move)",
-		name, len(answers), ok, unavailable, other, movedAt.Sub(killedAt).Round(time.Millisecond), first, resent, rounds, st)
-	s.LogMetrics(t)
-	s.StillRunning(t)
-	if !t.Failed() {
-		s.Stop(t)
-	}
+		name, tl, movedAt.Sub(killedAt).Round(time.Millisecond), tl.first(killedAt), resent, rounds, st)
+	finish(t, s)
 }
 
 // The whole cluster is lost at once in the middle of the results (every
@@ -248,45 +224,18 @@ func TestGaleraWholeClusterRestartedInTheMiddleOfAFanOut(t *testing.T) {
 	backAt := time.Now()
 	answers := <-done
 
-	var ok, unavailable, other int
-	var again []testkit.Result
-	var firstOK time.Time // of a webhook sent after the kill
-	for _, a := range answers {
-		switch {
-		case a.Err == nil && a.Status == http.StatusOK:
-			ok++
-			if a.Start.After(killedAt) && (firstOK.IsZero() || a.End.Before(firstOK)) {
-				firstOK = a.End
-			}
-		case a.Err == nil && a.Status == http.StatusServiceUnavailable:
-			unavailable++
-			again = append(again, a.X)
-		default:
-			if other++; other <= 10 {
-				t.Errorf("%s: webhook %s answered %d %q %v: only 200 or 503 are right", name, a.X, a.Status, a.Body, a.Err)
-			}
-			again = append(again, a.X)
-		}
-	}
-	first := "none within the results"
-	if !firstOK.IsZero() {
-		first = firstOK.Sub(killedAt).Round(time.Millisecond).String()
-	}
-	if unavailable == 0 {
+	tl := tallyAnswers(t, name, answers, killedAt)
+	if tl.unavailable == 0 {
 		t.Errorf("%s: no webhook answered 503: none was sent while the cluster was down, the test did not test", name)
 	}
 	checkNothingHalfWritten(t, s, name, answers, killedAt)
-	resent, rounds := len(again), sendAgain(t, s, name, again, backAt)
+	resent, rounds := len(tl.again), sendAgain(t, s, name, tl.again, backAt)
 	st := s.AwaitSettled(t, backAt, name, func() { s.Explain(t, backAt, nil) })
 	s.CheckReceiver(t)
-	t.Logf("FAILOVER %s: %d results, %d answered 200, %d 503, %d neither; from the kill until every node was Synced again %v (node %d bootstrapped), "+
+	t.Logf("FAILOVER %s: %s; from the kill until every node was Synced again %v (node %d bootstrapped), "+
 		"the first 200 of a webhook sent after the kill %s after it; %d sent again in %d rounds; %s (from the cluster back)",
-		name, len(answers), ok, unavailable, other, backAt.Sub(killedAt).Round(time.Millisecond), boot, first, resent, rounds, st)
-	s.LogMetrics(t)
-	s.StillRunning(t)
-	if !t.Failed() {
-		s.Stop(t)
-	}
+		name, tl, backAt.Sub(killedAt).Round(time.Millisecond), boot, tl.first(killedAt), resent, rounds, st)
+	finish(t, s)
 }
 
 // Two of three nodes SIGKILLed in the middle of the results: the node left,
@@ -347,8 +296,8 @@ func TestGaleraNodeWithoutQuorum(t *testing.T) {
 	readyAgainAt := time.Now()
 	answers := <-done
 
-	var ok, unavailable, other, refused int
-	var again []testkit.Result
+	tl := tallyAnswers(t, name, answers, killedAt)
+	var refused int
 	var lastOK time.Time // of a webhook sent after the kill, before the bootstrap
 	var refusedTook []time.Duration
 	for _, a := range answers {
@@ -361,27 +310,15 @@ func TestGaleraNodeWithoutQuorum(t *testing.T) {
 					name, a.X, a.Status, a.Took().Round(time.Millisecond), quick503)
 			}
 		}
-		switch {
-		case a.Err == nil && a.Status == http.StatusOK:
-			ok++
-			if a.Start.After(killedAt) && a.End.Before(bootAt) && a.End.After(lastOK) {
-				lastOK = a.End
-			}
-		case a.Err == nil && a.Status == http.StatusServiceUnavailable:
-			unavailable++
-			again = append(again, a.X)
-		default:
-			if other++; other <= 10 {
-				t.Errorf("%s: webhook %s answered %d %q %v: only 200 or 503 are right", name, a.X, a.Status, a.Body, a.Err)
-			}
-			again = append(again, a.X)
+		if a.Status == http.StatusOK && a.Start.After(killedAt) && a.End.Before(bootAt) && a.End.After(lastOK) {
+			lastOK = a.End
 		}
 	}
 	if refused == 0 {
 		t.Errorf("%s: no webhook was sent and answered while the node knew it had no quorum: the test did not test", name)
 	}
 	checkNothingHalfWritten(t, s, name, answers, killedAt)
-	resent, rounds := len(again), sendAgain(t, s, name, again, bootAt)
+	resent, rounds := len(tl.again), sendAgain(t, s, name, tl.again, bootAt)
 	st := s.AwaitSettled(t, bootAt, name, func() { s.Explain(t, bootAt, nil) })
 	s.CheckReceiver(t)
 	for _, i := range []int{1, 2} {
@@ -397,11 +334,63 @@ func TestGaleraNodeWithoutQuorum(t *testing.T) {
 	if !lastOK.IsZero() {
 		last = lastOK.Sub(killedAt).Round(time.Millisecond).String()
 	}
-	t.Logf("FAILOVER %s: %d results, %d answered 200, %d 503, %d neither; node 0 non-Primary %v after the kill (writes held until then; the last 200 of a webhook sent after the kill: %s), /readyz 503 %v after that; "+
+	t.Logf("FAILOVER %s: %s; node 0 non-Primary %v after the kill (writes held until then; the last 200 of a webhook sent after the kill: %s), /readyz 503 %v after that; "+
 		"%d sent while it knew, all 503 (p50 %v, slowest %v); bootstrapped %v after the kill, /readyz 200 %v after that; %d sent again in %d rounds; %s (from the bootstrap)",
-		name, len(answers), ok, unavailable, other, nonPrimaryAt.Sub(killedAt).Round(time.Millisecond), last, notReadyAt.Sub(nonPrimaryAt).Round(time.Millisecond),
+		name, tl, nonPrimaryAt.Sub(killedAt).Round(time.Millisecond), last, notReadyAt.Sub(nonPrimaryAt).Round(time.Millisecond),
 		refused, percentile(refusedTook, 50).Round(time.Millisecond), percentile(refusedTook, 100).Round(time.Millisecond),
 		bootAt.Sub(killedAt).Round(time.Millisecond), readyAgainAt.Sub(bootAt).Round(time.Millisecond), resent, rounds, st)
+	finish(t, s)
+}
+
+// tally is what a round's answers were: 200s, 503s and anything else
+// (each an error: only 200 or 503 are right), the results to send again
+// (all but the 200s), and the first 200 of a webhook sent after the fault.
+type tally struct {
+	results, ok, unavailable, other int
+	again                           []testkit.Result
+	firstOK                         time.Time
+}
+
+func tallyAnswers(t *testing.T, name string, answers []testkit.Answer, fault time.Time) tally {
+	t.Helper()
+	tl := tally{results: len(answers)}
+	for _, a := range answers {
+		switch {
+		case a.Err == nil && a.Status == http.StatusOK:
+			tl.ok++
+			if a.Start.After(fault) && (tl.firstOK.IsZero() || a.End.Before(tl.firstOK)) {
+				tl.firstOK = a.End
+			}
+			continue
+		case a.Err == nil && a.Status == http.StatusServiceUnavailable:
+			tl.unavailable++
+		default:
+			if tl.other++; tl.other <= 10 {
+				t.Errorf("%s: webhook %s answered %d %q %v: only 200 or 503 are right", name, a.X, a.Status, a.Body, a.Err)
+			}
+		}
+		tl.again = append(tl.again, a.X)
+	}
+	return tl
+}
+
+func (tl tally) String() string {
+	return fmt.Sprintf("%d results, %d answered 200, %d 503, %d neither", tl.results, tl.ok, tl.unavailable, tl.other)
+}
+
+// first is how long after from the first 200 of a webhook sent after the
+// fault came.
+func (tl tally) first(from time.Time) string {
+	if tl.firstOK.IsZero() {
+		return "none within the results"
+	}
+	return tl.firstOK.Sub(from).Round(time.Millisecond).String()
+}
+
+// finish logs the processes' counters, checks they still run, and stops
+// them when the test passed (a failed test's logs show what they did).
+func finish(t *testing.T, s *testkit.Stack) {
+	t.Helper()
 	s.LogMetrics(t)
 	s.StillRunning(t)
 	if !t.Failed() {

@@ -3,7 +3,6 @@ package failover
 import (
 	"database/sql"
 	"fmt"
-	"net/http"
 	"testing"
 	"time"
 
@@ -73,27 +72,9 @@ func TestAsyncReplicaPromotedAfterThePrimaryDies(t *testing.T) {
 	movedAt := time.Now()
 	answers := <-done
 
-	var ok, unavailable, other int
-	var again []testkit.Result
-	var firstOK time.Time
-	for _, a := range answers {
-		switch {
-		case a.Err == nil && a.Status == http.StatusOK:
-			ok++
-			if a.Start.After(movedAt) && (firstOK.IsZero() || a.End.Before(firstOK)) {
-				firstOK = a.End
-			}
-		case a.Err == nil && a.Status == http.StatusServiceUnavailable:
-			unavailable++
-			again = append(again, a.X)
-		default:
-			if other++; other <= 10 {
-				t.Errorf("%s: webhook %s answered %d %q %v: only 200 or 503 are right", name, a.X, a.Status, a.Body, a.Err)
-			}
-			again = append(again, a.X)
-		}
-	}
-	if !firstOK.After(movedAt) {
+	tl := tallyAnswers(t, name, answers, movedAt)
+	again := tl.again
+	if !tl.firstOK.After(movedAt) {
 		t.Errorf("%s: no webhook sent after the move was answered 200", name)
 	}
 	lost := compareWithDatabase(t, s, name, answers, killedAt)
@@ -114,14 +95,10 @@ func TestAsyncReplicaPromotedAfterThePrimaryDies(t *testing.T) {
 			lostLast = d
 		}
 	}
-	t.Logf("FAILOVER %s: %d results, %d answered 200, %d 503, %d neither; promoted %v after the kill (the replica had received %s); "+
+	t.Logf("FAILOVER %s: %s; promoted %v after the kill (the replica had received %s); "+
 		"%d answered 200 and LOST (%d of them with their event delivered from the old primary; the last answered %v before the kill); "+
-		"the first 200 after the move came %v after it; %d sent again in %d rounds; %s (from the move); receiver: %s",
-		name, len(answers), ok, unavailable, other, movedAt.Sub(killedAt).Round(time.Millisecond), received,
-		len(lost), delivered, lostLast.Round(time.Millisecond), firstOK.Sub(movedAt).Round(time.Millisecond), resent, rounds, st, s.Rcv.Stats())
-	s.LogMetrics(t)
-	s.StillRunning(t)
-	if !t.Failed() {
-		s.Stop(t)
-	}
+		"the first 200 after the move came %s after it; %d sent again in %d rounds; %s (from the move); receiver: %s",
+		name, tl, movedAt.Sub(killedAt).Round(time.Millisecond), received,
+		len(lost), delivered, lostLast.Round(time.Millisecond), tl.first(movedAt), resent, rounds, st, s.Rcv.Stats())
+	finish(t, s)
 }
