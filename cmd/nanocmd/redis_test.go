@@ -33,9 +33,11 @@ func TestWithARedisURLTheWorkerCollectsTheSteps(t *testing.T) {
 		rows := testkit.CountStepRows(t, db.DB)
 		return rows == testkit.StepRows{}, rows
 	})
-	if !strings.Contains(w.Logs(), "scheduler idle on this database") {
-		t.Errorf("the worker's scheduler did not say it leaves this database's steps to NanoCMD's engine; its log:\n%s", w.Logs())
-	}
+	// the scheduler runs at its next 10 s slot (-schedule-interval), which
+	// may come after the collection: wait for it, not for a guessed while
+	testkit.WaitUntil(t, 15*time.Second, "the worker's scheduler saying it leaves this database's steps to NanoCMD's engine", func() (bool, any) {
+		return strings.Contains(w.Logs(), "scheduler idle on this database"), w.Logs()
+	})
 	if logs := s.proc.Logs(); strings.Contains(logs, `"level":"error"`) {
 		t.Errorf("nanocmd logged an error:\n%s", logs)
 	}
