@@ -1,6 +1,7 @@
 package mysql
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -46,14 +47,7 @@ func Ready(ctx context.Context, db *sql.DB) error {
 	}
 	if st["wsrep_ready"] != "ON" || st["wsrep_cluster_status"] != "Primary" {
 		return fmt.Errorf("this Galera node takes no writes: wsrep_ready %s, cluster status %s (%s), cluster size %s: it is not in the primary component (no quorum?)",
-			or(st["wsrep_ready"], "?"), or(st["wsrep_cluster_status"], "?"), or(st["wsrep_local_state_comment"], "?"), or(st["wsrep_cluster_size"], "?"))
+			cmp.Or(st["wsrep_ready"], "?"), cmp.Or(st["wsrep_cluster_status"], "?"), cmp.Or(st["wsrep_local_state_comment"], "?"), cmp.Or(st["wsrep_cluster_size"], "?"))
 	}
 	return nil
-}
-
-func or(s, otherwise string) string {
-	if s == "" {
-		return otherwise
-	}
-	return s
 }
