@@ -29,9 +29,14 @@ type Galera struct {
 // StartGalera starts an n-node cluster and returns once every node is
 // Synced. The first node bootstraps the cluster; the others join it and
 // take their state by mysqldump (rsync's daemon runs as nobody, who may
-// not write a root-owned datadir). Every node is killed when t ends.
+// not write a root-owned datadir). Every node is killed when t ends. It
+// runs in the MariaDB suite (`make test`) and skips in the MySQL one,
+// which would only run it again.
 func StartGalera(t testing.TB, n int) *Galera {
 	t.Helper()
+	if SuiteKind(t) != MariaDB {
+		t.Skip("Galera is MariaDB's: it runs in the MariaDB suite (make test)")
+	}
 	testkit.RequireBinary(t, "mariadbd", "mariadb-install-db", "mysqldump")
 	if err := GaleraAvailable(); err != nil {
 		if os.Getenv("CI") == "true" {

@@ -27,6 +27,15 @@ const defaultMySQLChroot = "/var/lib/stepcollect-mysql-chroot"
 // A missing chroot skips t, except under CI=true, where it fails.
 func StartMySQL(t testing.TB) *SQLServer {
 	t.Helper()
+	s := newMySQL(t, mysqlChroot(t), testkit.FreePort(t), nil)
+	s.launch()
+	return s
+}
+
+// mysqlChroot is scripts/mysql.sh's chroot, or t skipped (failed under
+// CI=true) when it is missing or cannot be entered.
+func mysqlChroot(t testing.TB) string {
+	t.Helper()
 	root := os.Getenv("STEPCOLLECT_MYSQL_CHROOT")
 	if root == "" {
 		root = defaultMySQLChroot
@@ -45,7 +54,14 @@ func StartMySQL(t testing.TB) *SQLServer {
 		}
 		t.Skipf("a private MySQL needs %s", missing)
 	}
+	return root
+}
 
+// newMySQL initializes a datadir under the chroot's /tmp (removed when t
+// ends) and returns the server on port, its flags followed by extra, not
+// yet started (launch starts it).
+func newMySQL(t testing.TB, root string, port int, extra []string) *SQLServer {
+	t.Helper()
 	// Everything under the chroot's /tmp: mysqld sees dir without the
 	// root prefix, this process with it. Short, for the socket's 108 bytes.
 	dir, err := os.MkdirTemp(filepath.Join(root, "tmp"), "testha-mysql")
@@ -67,7 +83,7 @@ func StartMySQL(t testing.TB) *SQLServer {
 		t.Fatalf("chroot %v: %v\n%s%s", initialize, err, out, b)
 	}
 
-	s := &SQLServer{Kind: MySQL, t: t, Port: testkit.FreePort(t), errorLog: filepath.Join(dir, "error.log")}
+	s := &SQLServer{Kind: MySQL, t: t, Port: port, errorLog: filepath.Join(dir, "error.log")}
 	// root@localhost matches only the socket under --skip-name-resolve
 	s.adminNet, s.adminAddr = "unix", filepath.Join(dir, "sock")
 	args := []string{root, "mysqld", "--no-defaults", "--user=root", "--datadir=" + data,
@@ -78,7 +94,6 @@ func StartMySQL(t testing.TB) *SQLServer {
 		"--mysqlx=OFF", "--max-allowed-packet=16M", "--max-connections=500",
 		"--innodb-buffer-pool-size=64M", "--innodb-redo-log-capacity=16M"}
 	// chroot execs mysqld: the process's pid is the server's, for Kill
-	s.proc = newProcess("mysqld", "chroot", args...)
-	s.launch()
+	s.proc = newProcess("mysqld", "chroot", append(args, extra...)...)
 	return s
 }

@@ -1,0 +1,301 @@
+package testha
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stepcollect/stepcollect/internal/testkit"
+)
+
+// Group is a MySQL Group Replication group in single-primary mode: private
+// mysqld members from scripts/mysql.sh's chroot, each with its own datadir,
+// SQL port and group communication (XCom) port, and MySQL Router in front
+// of them. A transaction commits on the primary once a majority of the
+// group has it, so a primary that dies loses nothing it answered; the
+// members left elect a new one.
+//
+// Router routes statically, with routing_strategy=next-available: new
+// connections go to the first member in its list that accepts them, and a
+// member that stopped accepting is not used again. InnoDB Cluster's own
+// routing (metadata_cache, which asks the group who is primary) needs the
+// cluster metadata that MySQL Shell writes, and Debian packages no MySQL
+// Shell. So the members' election weights follow Router's order: member 0
+// is the primary, member 1 is elected when it dies, then member 2, and
+// Router, moving down its list, reaches the member the group elected.
+type Group struct {
+	Members []*SQLServer
+	Router  *Router
+	root    string
+}
+
+// Router is the MySQL Router process in front of a Group.
+type Router struct {
+	Port int
+	proc *process
+}
+
+// Addr is Router's address, for the application's DSN.
+func (r *Router) Addr() string { return "127.0.0.1:" + strconv.Itoa(r.Port) }
+
+// Logs is what Router has printed.
+func (r *Router) Logs() string { return r.proc.logs.String() }
+
+const (
+	// the account the members' distributed recovery connects as
+	recoveryUser, recoveryPassword = "gr_recovery", "gr-recovery-pw"
+)
+
+// StartGroupReplication starts an n-member group behind Router and returns
+// once every member is ONLINE and Router accepts connections; extra flags
+// go to every member's mysqld. Everything is killed when t ends.
+//
+// It runs in the MySQL suite (`make test-mysql`, SuiteKind MySQL) and
+// skips in `make test`, which never needs MySQL's chroot. There, a missing
+// chroot or mysql-router skips t, except under CI=true, where it fails.
+func StartGroupReplication(t testing.TB, n int, extra ...string) *Group {
+	t.Helper()
+	if SuiteKind(t) != MySQL {
+		t.Skip("Group Replication is MySQL's: it runs in the MySQL suite (make test-mysql)")
+	}
+	root := mysqlChroot(t)
+	if _, err := os.Stat(filepath.Join(root, "usr/bin/mysqlrouter")); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("mysql-router is required under CI (scripts/mysql.sh installs it): %v", err)
+		}
+		t.Skipf("no mysql-router in MySQL's chroot (scripts/mysql.sh installs it): %v", err)
+	}
+	ports := make([]int, n)
+	seeds := make([]string, n)
+	for i := range n {
+		ports[i] = testkit.FreePort(t)
+		seeds[i] = "127.0.0.1:" + strconv.Itoa(testkit.FreePort(t))
+	}
+	uuid := make([]byte, 16)
+	rand.Read(uuid)
+	name := fmt.Sprintf("%x-%x-%x-%x-%x", uuid[0:4], uuid[4:6], uuid[6:8], uuid[8:10], uuid[10:])
+
+	g := &Group{root: root}
+	for i := range n {
+		args := []string{
+			"--server-id=" + strconv.Itoa(i+1),
+			"--gtid-mode=ON", "--enforce-gtid-consistency=ON",
+			"--plugin-load-add=group_replication.so",
+			"--group-replication-group-name=" + name,
+			"--group-replication-local-address=" + seeds[i],
+			"--group-replication-group-seeds=" + strings.Join(seeds, ","),
+			"--group-replication-single-primary-mode=ON",
+			// started by hand: the first member bootstraps, the others
+			// join, and a killed one rejoins (Rejoin)
+			"--group-replication-start-on-boot=OFF",
+			// the election order is Router's order (see Group)
+			"--group-replication-member-weight=" + strconv.Itoa(90-20*i),
+			// distributed recovery connects to the donor as a client:
+			// here, by address, and caching_sha2 without TLS needs the
+			// donor's public key
+			"--report-host=127.0.0.1", "--report-port=" + strconv.Itoa(ports[i]),
+			"--group-replication-recovery-get-public-key=ON",
+		}
+		s := newMySQL(t, root, ports[i], append(args, extra...))
+		s.launch()
+		g.Members = append(g.Members, s)
+	}
+	for i, s := range g.Members {
+		if err := s.prepareMember(); err != nil {
+			t.Fatalf("group member %d: %v", i, err)
+		}
+	}
+	for i, s := range g.Members {
+		var err error
+		if i == 0 {
+			err = s.execOnOne("SET GLOBAL group_replication_bootstrap_group = ON",
+				"START GROUP_REPLICATION", "SET GLOBAL group_replication_bootstrap_group = OFF")
+		} else {
+			err = s.execOnOne("START GROUP_REPLICATION")
+		}
+		if err != nil {
+			t.Fatalf("group member %d: %v", i, err)
+		}
+	}
+	if err := g.AwaitOnline(n, 0, 90*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	g.startRouter(t)
+	return g
+}
+
+// prepareMember creates the recovery account, outside the binary log so
+// that each member has its own, and names it for the recovery channel.
+func (s *SQLServer) prepareMember() error {
+	return s.execOnOne(
+		"SET SQL_LOG_BIN = 0",
+		fmt.Sprintf("CREATE USER '%s'@'127.0.0.1' IDENTIFIED BY '%s'", recoveryUser, recoveryPassword),
+		fmt.Sprintf("GRANT REPLICATION SLAVE ON *.* TO '%s'@'127.0.0.1'", recoveryUser),
+		"SET SQL_LOG_BIN = 1",
+		fmt.Sprintf("CHANGE REPLICATION SOURCE TO SOURCE_USER = '%s', SOURCE_PASSWORD = '%s' FOR CHANNEL 'group_replication_recovery'",
+			recoveryUser, recoveryPassword),
+	)
+}
+
+// execOnOne runs statements in order on one connection (SQL_LOG_BIN is
+// the session's).
+func (s *SQLServer) execOnOne(stmts ...string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	c, err := s.Admin.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	for _, q := range stmts {
+		if _, err := c.ExecContext(ctx, q); err != nil {
+			b, _ := os.ReadFile(s.errorLog)
+			return fmt.Errorf("%s: %w\n%s", q, err, tail(string(b), 30))
+		}
+	}
+	return nil
+}
+
+// tail is the last n lines of s.
+func tail(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+}
+
+// Member is one row of the group's membership as a member sees it.
+type Member struct {
+	Port  int
+	State string // ONLINE, RECOVERING, UNREACHABLE, ERROR, OFFLINE
+	Role  string // PRIMARY, SECONDARY
+}
+
+// Membership is the group as member i sees it (nil while it cannot say).
+func (g *Group) Membership(i int) []Member {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	rows, err := g.Members[i].Admin.QueryContext(ctx,
+		"SELECT MEMBER_PORT, MEMBER_STATE, MEMBER_ROLE FROM performance_schema.replication_group_members")
+	if err != nil {
+		return nil
+	}
+	defer rows.Close()
+	var out []Member
+	for rows.Next() {
+		var m Member
+		var port sql.NullInt64
+		var role sql.NullString
+		if err := rows.Scan(&port, &m.State, &role); err != nil {
+			return nil
+		}
+		m.Port, m.Role = int(port.Int64), role.String
+		out = append(out, m)
+	}
+	return out
+}
+
+// Primary is the index of the member that member i sees as the ONLINE
+// primary, or -1.
+func (g *Group) Primary(i int) int {
+	for _, m := range g.Membership(i) {
+		if m.Role == "PRIMARY" && m.State == "ONLINE" {
+			for j, s := range g.Members {
+				if s.Port == m.Port {
+					return j
+				}
+			}
+		}
+	}
+	return -1
+}
+
+// AwaitOnline waits until member i sees n members ONLINE.
+func (g *Group) AwaitOnline(n, i int, within time.Duration) error {
+	var last []Member
+	if _, ok := testkit.Watch(time.Now().Add(within), func() bool {
+		last = g.Membership(i)
+		online := 0
+		for _, m := range last {
+			if m.State == "ONLINE" {
+				online++
+			}
+		}
+		return online == n
+	}); !ok {
+		b, _ := os.ReadFile(g.Members[i].errorLog)
+		return fmt.Errorf("group: member %d does not see %d members ONLINE within %v (it sees %v):\n%s", i, n, within, last, tail(string(b), 40))
+	}
+	return nil
+}
+
+// Rejoin starts a killed member again and has it rejoin the group (it
+// takes what it missed from a donor), returning once member i sees every
+// member ONLINE.
+func (g *Group) Rejoin(i int, within time.Duration) error {
+	if err := g.Members[i].Restart(); err != nil {
+		return err
+	}
+	if err := g.Members[i].execOnOne("START GROUP_REPLICATION"); err != nil {
+		return fmt.Errorf("group member %d rejoining: %w", i, err)
+	}
+	return g.AwaitOnline(len(g.Members), i, within)
+}
+
+// startRouter writes Router's configuration (the members in election
+// order, see Group) and starts it, killed when t ends.
+func (g *Group) startRouter(t testing.TB) {
+	t.Helper()
+	dir, err := os.MkdirTemp(filepath.Join(g.root, "tmp"), "testha-router")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	in := strings.TrimPrefix(dir, filepath.Clean(g.root))
+	dests := make([]string, len(g.Members))
+	for i, s := range g.Members {
+		dests[i] = "127.0.0.1:" + strconv.Itoa(s.Port)
+	}
+	r := &Router{Port: testkit.FreePort(t)}
+	conf := fmt.Sprintf(`[DEFAULT]
+logging_folder =
+runtime_folder = %[1]s
+data_folder = %[1]s
+
+[logger]
+level = INFO
+
+[routing:primary]
+bind_address = 127.0.0.1
+bind_port = %[2]d
+destinations = %[3]s
+routing_strategy = next-available
+protocol = classic
+# the client's TLS (none here) goes through to the member as it is
+client_ssl_mode = PASSTHROUGH
+`, in, r.Port, strings.Join(dests, ","))
+	if err := os.WriteFile(filepath.Join(dir, "router.conf"), []byte(conf), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// run as root, which Router refuses unless told to
+	r.proc = newProcess("mysqlrouter", "chroot", g.root, "mysqlrouter", "--user=root", "-c", in+"/router.conf")
+	if err := r.proc.start(); err != nil {
+		t.Fatal(err)
+	}
+	g.Router = r
+	t.Cleanup(func() {
+		r.proc.stop(syscall.SIGKILL, 5*time.Second)
+		if t.Failed() {
+			t.Logf("mysqlrouter:\n%s", r.Logs())
+		}
+	})
+	if !awaitTCP(r.Addr(), 30*time.Second, r.proc.running) {
+		t.Fatalf("mysqlrouter does not accept connections on %s within 30 s:\n%s", r.Addr(), r.Logs())
+	}
+}
