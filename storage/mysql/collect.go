@@ -127,6 +127,8 @@ func (s *Storage) Collect(ctx context.Context, steps []storage.ReleasedStep) (st
 // transaction: see afterRelease. It counts referenced and gone steps into res
 // and returns the unreferenced ones.
 func (s *Storage) checkSteps(ctx context.Context, stepIDs []int64, res storage.CollectResult) ([]int64, error) {
+	ctx, cancel := s.bounded(ctx)
+	defer cancel()
 	rs, err := s.db.QueryContext(ctx, expand(qCheckSteps, len(stepIDs)), args(stepIDs)...)
 	if err != nil {
 		return nil, fmt.Errorf("checking references: %w", err)

@@ -444,6 +444,8 @@ func (s *Storage) PruneReceipts(ctx context.Context, age time.Duration) (int64, 
 // error wrapping storage.ErrStepNotFound once it was collected (or never
 // was).
 func (s *Storage) StepStatus(ctx context.Context, id int64) (*storage.StepStatus, error) {
+	ctx, cancel := s.bounded(ctx)
+	defer cancel()
 	st := &storage.StepStatus{StepID: id}
 	var name sql.NullString
 	err := s.db.QueryRowContext(ctx, qStepStatus, id).Scan(&st.WorkflowName, &st.InstanceID, &name, &st.CreatedAt, &st.OutstandingIDs)

@@ -56,7 +56,7 @@ type connTx struct {
 // inConnTx is inTx for a body that runs on a connTx: the same retries,
 // the same attempt, each try on a connection of its own.
 func (s *Storage) inConnTx(ctx context.Context, op string, fn func(context.Context, txn, *attempt) error) error {
-	return s.retry(ctx, op, func(a *attempt) error { return s.tryConnTx(ctx, fn, a) })
+	return s.retry(ctx, op, func(ctx context.Context, a *attempt) error { return s.tryConnTx(ctx, fn, a) })
 }
 
 func (s *Storage) tryConnTx(ctx context.Context, fn func(context.Context, txn, *attempt) error, a *attempt) error {
@@ -107,7 +107,7 @@ func (ct *connTx) write(_ context.Context, what, query string, args ...any) erro
 func (ct *connTx) commit(ctx context.Context, a *attempt) error {
 	q := ct.begin(strings.Join(append(ct.stmts, "COMMIT"), "; "))
 	if _, err := ct.conn.ExecContext(ctx, q, ct.args...); err != nil {
-		if retryReason(err) == "connection" && mysqlErrNo(err) == 0 {
+		if commitUnanswered(ctx, err) {
 			a.ambiguousCommit = true
 		}
 		if len(ct.whats) == 0 {

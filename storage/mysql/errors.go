@@ -38,7 +38,8 @@ func retryReason(err error) string {
 		}
 		return ""
 	}
-	if errors.Is(err, driver.ErrBadConn) || errors.Is(err, mysql.ErrInvalidConn) || errors.Is(err, sql.ErrConnDone) {
+	if errors.Is(err, driver.ErrBadConn) || errors.Is(err, mysql.ErrInvalidConn) || errors.Is(err, sql.ErrConnDone) ||
+		errors.Is(err, errAttemptTimedOut) {
 		return "connection"
 	}
 	return ""

@@ -52,6 +52,14 @@ type faultConnector struct {
 	// twoTrips counts the COMMITs sent at the end of a multi-statement
 	// query (a completion in two round trips) rather than by Tx.Commit.
 	twoTrips int
+	// A server gone silent (cut off the network, or a Group Replication
+	// primary without its majority): stallBefore holds the next statement
+	// containing it without running it, stallCommits holds that many
+	// COMMITs after they committed, each until the caller's context ends,
+	// then answers as go-sql-driver does, its connection closed.
+	stallBefore  string
+	stallCommits int
+	stalled      int
 }
 
 func newFaultDB(t *testing.T, db *testkit.DB, multi bool) (*sql.DB, *faultConnector) {
@@ -124,6 +132,38 @@ func (c *faultConnector) maybeKill(ctx context.Context, id driver.Value, query s
 	}
 }
 
+// takeStall says whether query is the statement to hold (once).
+func (c *faultConnector) takeStall(query string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.stallBefore != "" && strings.Contains(query, c.stallBefore) {
+		c.stallBefore = ""
+		c.stalled++
+		return true
+	}
+	return false
+}
+
+// takeStalledCommit says whether the COMMIT about to run is held.
+func (c *faultConnector) takeStalledCommit() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.stallCommits > 0 {
+		c.stallCommits--
+		c.stalled++
+		return true
+	}
+	return false
+}
+
+// silent answers as go-sql-driver does when the context ends while it
+// waits for the server: the connection closed, the context's error.
+func (f *faultConn) silent(ctx context.Context) error {
+	<-ctx.Done()
+	f.Conn.Close()
+	return ctx.Err()
+}
+
 func (c *faultConnector) takeLostCommit() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -146,7 +186,7 @@ func (f *faultConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.
 	if err != nil {
 		return nil, err
 	}
-	return &faultTx{Tx: tx, c: f.c}, nil
+	return &faultTx{Tx: tx, c: f.c, f: f, ctx: ctx}, nil
 }
 
 func (c *faultConnector) takeFailure(query string) error {
@@ -165,6 +205,9 @@ func (f *faultConn) ExecContext(ctx context.Context, query string, args []driver
 		return nil, err
 	}
 	f.c.maybeKill(ctx, f.id, query)
+	if f.c.takeStall(query) {
+		return nil, f.silent(ctx)
+	}
 	exec := f.Conn.(driver.ExecerContext).ExecContext
 	stmts, commits := strings.CutSuffix(query, "; COMMIT")
 	if !commits {
@@ -199,6 +242,9 @@ func (f *faultConn) ExecContext(ctx context.Context, query string, args []driver
 	if err != nil {
 		return nil, err
 	}
+	if f.c.takeStalledCommit() {
+		return nil, f.silent(ctx)
+	}
 	if f.c.takeLostCommit() {
 		if between != nil {
 			between()
@@ -213,6 +259,9 @@ func (f *faultConn) QueryContext(ctx context.Context, query string, args []drive
 		return nil, err
 	}
 	f.c.maybeKill(ctx, f.id, query)
+	if f.c.takeStall(query) {
+		return nil, f.silent(ctx)
+	}
 	return f.Conn.(driver.QueryerContext).QueryContext(ctx, query, args)
 }
 
@@ -234,7 +283,9 @@ func (f *faultConn) CheckNamedValue(nv *driver.NamedValue) error {
 
 type faultTx struct {
 	driver.Tx
-	c *faultConnector
+	c   *faultConnector
+	f   *faultConn
+	ctx context.Context // the transaction's, which a held COMMIT waits on
 }
 
 func (t *faultTx) Commit() error {
@@ -250,6 +301,9 @@ func (t *faultTx) Commit() error {
 	}
 	if err := t.Tx.Commit(); err != nil {
 		return err
+	}
+	if t.c.takeStalledCommit() {
+		return t.f.silent(t.ctx)
 	}
 	if t.c.takeLostCommit() {
 		if between != nil {
@@ -399,6 +453,58 @@ func lostCommitAnswerOnTheCompletingResult(t *testing.T, multi bool, opt stepmys
 	}
 	if retries, _ := b.obs.snapshot(); retries["store command result/connection"] != 2 {
 		t.Errorf("retries %v, want two connection retries", retries)
+	}
+	if c := countRows(t, b.db.DB); c != (testkit.StepRows{}) {
+		t.Errorf("rows left: %+v", c)
+	}
+	fc.checkPath(t, multi)
+}
+
+// A server that goes silent (cut off the network, or a Group Replication
+// primary that lost its majority and holds every COMMIT) costs a result one
+// try's bound, not the request: the try is given up after
+// WithAttemptTimeout, its connection closed, and the transaction run again
+// on a fresh one. A COMMIT held so, which had in fact committed, is
+// settled by evidence on the next try: the completed step comes back, with
+// one event, not an error and not two.
+func TestASilentServerCostsOneTryNotTheRequest(t *testing.T) {
+	t.Parallel()
+	onBothPaths(t, aSilentServerCostsOneTry)
+}
+
+func aSilentServerCostsOneTry(t *testing.T, multi bool) {
+	const bound = 300 * time.Millisecond
+	b, fc := setupFaultyPath(t, multi, stepmysql.WithOutbox(), stepmysql.WithAttemptTimeout(bound))
+	ctx := t.Context()
+	step := b.stored(t, "silent", 1, 2)
+
+	// the first command's locking read meets the silence
+	fc.arm(func(fc *faultConnector) { fc.stallBefore = "FOR UPDATE" })
+	began := time.Now()
+	r, err := b.answer(ctx, step, 0, 0)
+	took := time.Since(began)
+	if err != nil || r != nil {
+		t.Fatalf("first command, its read held: %v, %v; want stored, not complete", r, err)
+	}
+	if took < bound || took > 15*time.Second {
+		t.Errorf("first command took %v: want one try's bound (%v), then a prompt retry", took, bound)
+	}
+
+	// the last command's COMMIT commits and its answer never comes
+	fc.arm(func(fc *faultConnector) { fc.stallCommits = 1 })
+	r, err = b.answer(ctx, step, 0, 1)
+	if err != nil || r == nil {
+		t.Fatalf("last command, its COMMIT held: %v, %v; want the completed step", r, err)
+	}
+	if fc.stalled != 2 {
+		t.Fatalf("%d statements held, want 2: the fault never happened", fc.stalled)
+	}
+	if retries, _ := b.obs.snapshot(); retries["store command result/connection"] != 2 {
+		t.Errorf("retries %v, want two connection retries", retries)
+	}
+	var events int
+	if err := b.db.DB.QueryRow("SELECT COUNT(*) FROM stepcollect_outbox").Scan(&events); err != nil || events != 1 {
+		t.Errorf("outbox holds %d events (%v), want the one completion's", events, err)
 	}
 	if c := countRows(t, b.db.DB); c != (testkit.StepRows{}) {
 		t.Errorf("rows left: %+v", c)

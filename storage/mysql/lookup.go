@@ -43,6 +43,8 @@ func (s *Storage) newLookups() *lookups {
 
 // readRequestTypes answers every key of g, maxLookups to a statement.
 func (s *Storage) readRequestTypes(ctx context.Context, g *lookupSet) {
+	ctx, cancel := s.bounded(ctx)
+	defer cancel()
 	g.types = make(map[int]string, len(g.keys))
 	for from := 0; from < len(g.keys); from += maxLookups {
 		keys := g.keys[from:min(from+maxLookups, len(g.keys))]
@@ -80,6 +82,8 @@ func (s *Storage) readRequestTypes(ctx context.Context, g *lookupSet) {
 // Concurrent calls share one read (lookups); when that read fails, each
 // asks alone, so that an error is its own.
 func (s *Storage) RetrieveCommandRequestType(ctx context.Context, id string, uuid string) (string, bool, error) {
+	ctx, cancel := s.bounded(ctx)
+	defer cancel()
 	if id == "" || uuid == "" {
 		return "", false, storage.Errorf(storage.EInvalid, "request type lookup: empty enrollment id or command uuid")
 	}

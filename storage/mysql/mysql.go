@@ -59,9 +59,10 @@ type Storage struct {
 	// which every statement and so every event must fit.
 	maxPacket int
 
-	maxAttempts int
-	backoffBase time.Duration
-	backoffMax  time.Duration
+	maxAttempts    int
+	attemptTimeout time.Duration
+	backoffBase    time.Duration
+	backoffMax     time.Duration
 }
 
 var _ storage.AllStorage = (*Storage)(nil)
@@ -74,6 +75,7 @@ type config struct {
 	observer    storage.Observer
 	isolation   sql.IsolationLevel
 	maxAttempts int
+	attemptTO   time.Duration
 	outbox      bool
 	receipts    bool
 	maxPacket   int
@@ -127,6 +129,23 @@ func WithReceipts() Option { return func(c *config) { c.receipts = true } }
 // a deadlock, a lock wait timeout or a broken connection. Default 10.
 func WithMaxAttempts(n int) Option { return func(c *config) { c.maxAttempts = n } }
 
+// DefaultAttemptTimeout is how long one try of a transaction may take
+// before it is given up (WithAttemptTimeout).
+const DefaultAttemptTimeout = 10 * time.Second
+
+// WithAttemptTimeout bounds each try of a transaction: past d its
+// connection is closed (the server rolls back what it held) and the
+// transaction is tried again on a fresh one, as after a broken connection;
+// a COMMIT cut off so is settled by evidence on the next try. 0 takes no
+// bound. Default DefaultAttemptTimeout.
+//
+// A server that went silent needs it: one cut off the network, or a Group
+// Replication primary that lost its majority, which holds every COMMIT
+// until the majority is back. Without it a webhook's transaction would wait
+// for TCP to give up on the connection (minutes), and every connection of
+// the pool with it (docs/operations.md, "Database clusters").
+func WithAttemptTimeout(d time.Duration) Option { return func(c *config) { c.attemptTO = d } }
+
 // WithMaxPacket takes n bytes as the server's max_allowed_packet instead of
 // reading it at New: for tests that need a small one without changing the
 // server's GLOBAL settings. Sizes are checked against it before anything
@@ -136,21 +155,22 @@ func WithMaxPacket(n int) Option { return func(c *config) { c.maxPacket = n } }
 // New returns a Storage. One of WithDB or WithDSN is required. It does not
 // migrate; call Migrate first (the binaries do, with -migrate).
 func New(opts ...Option) (*Storage, error) {
-	cfg := &config{logger: zerolog.Nop(), observer: storage.NopObserver{}, maxAttempts: 10}
+	cfg := &config{logger: zerolog.Nop(), observer: storage.NopObserver{}, maxAttempts: 10, attemptTO: DefaultAttemptTimeout}
 	for _, opt := range opts {
 		opt(cfg)
 	}
 	s := &Storage{
-		db:          cfg.db,
-		logger:      cfg.logger,
-		sink:        cfg.sink,
-		observer:    cfg.observer,
-		outbox:      cfg.outbox,
-		receipts:    cfg.receipts && !cfg.outbox,
-		steps:       newStepCache(4096, 10*time.Minute),
-		maxAttempts: max(cfg.maxAttempts, 1),
-		backoffBase: 5 * time.Millisecond,
-		backoffMax:  500 * time.Millisecond,
+		db:             cfg.db,
+		logger:         cfg.logger,
+		sink:           cfg.sink,
+		observer:       cfg.observer,
+		outbox:         cfg.outbox,
+		receipts:       cfg.receipts && !cfg.outbox,
+		steps:          newStepCache(4096, 10*time.Minute),
+		maxAttempts:    max(cfg.maxAttempts, 1),
+		attemptTimeout: max(cfg.attemptTO, 0),
+		backoffBase:    5 * time.Millisecond,
+		backoffMax:     500 * time.Millisecond,
 	}
 	s.lookups = s.newLookups()
 	s.inline = newReleaseGroups(s.collectInline)

@@ -135,6 +135,8 @@ func refKeys(evs []storage.OutboxRef) ([]int64, []string) {
 // FailEvent records a failed delivery and leaves the event alone until
 // retryAt, when its lease lapses and the dispatcher claims it again.
 func (s *Storage) FailEvent(ctx context.Context, ev storage.OutboxRef, reason string, retryAt time.Time) error {
+	ctx, cancel := s.bounded(ctx)
+	defer cancel()
 	if len(reason) > 1000 {
 		reason = reason[:1000]
 	}
@@ -147,6 +149,8 @@ func (s *Storage) FailEvent(ctx context.Context, ev storage.OutboxRef, reason st
 // Gauges reads what every replica exports at scrape time: the outbox and
 // the last sweep's findings, as the database holds them now.
 func (s *Storage) Gauges(ctx context.Context) (storage.Gauges, error) {
+	ctx, cancel := s.bounded(ctx)
+	defer cancel()
 	var g storage.Gauges
 	var oldest, swept sql.NullInt64
 	var uncollected sql.NullFloat64

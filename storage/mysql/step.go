@@ -144,6 +144,8 @@ func (s *Storage) insertRawCommands(ctx context.Context, tx *sql.Tx, stepID int6
 // conflict names the enrollment and command UUID behind a duplicate-key
 // error, read after the rollback.
 func (s *Storage) conflict(ctx context.Context, step *nanostorage.StepEnqueuingWithConfig, dupErr error) error {
+	ctx, cancel := s.bounded(ctx)
+	defer cancel()
 	uuids := make([]string, len(step.Commands))
 	for i, c := range step.Commands {
 		uuids[i] = c.CommandUUID

@@ -34,6 +34,8 @@ func (s *Storage) ScanOrphanedStepCommands(ctx context.Context, after int64, lim
 // scan pages through (id, has) rows, keeping the ids that lack what the
 // query asks about: references for a step, a step for raw commands.
 func (s *Storage) scan(ctx context.Context, query string, after int64, limit int) (storage.ScanPage, error) {
+	ctx, cancel := s.bounded(ctx)
+	defer cancel()
 	p := storage.ScanPage{Next: after}
 	n := 0
 	_, err := queryList(ctx, s.db, query, []any{after, limit}, func(rs *sql.Rows) (struct{}, error) {
@@ -79,6 +81,8 @@ func (s *Storage) DeleteOrphanedStepCommands(ctx context.Context, stepIDs []int6
 
 // RecordSweep stores what a sweep found, for every replica's gauges.
 func (s *Storage) RecordSweep(ctx context.Context, uncollected int) error {
+	ctx, cancel := s.bounded(ctx)
+	defer cancel()
 	if _, err := s.db.ExecContext(ctx, qRecordState, "uncollected_steps", float64(uncollected)); err != nil {
 		return fmt.Errorf("recording the sweep: %w", err)
 	}

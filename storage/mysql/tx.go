@@ -33,17 +33,21 @@ type txBody func(ctx context.Context, tx *sql.Tx, a *attempt) error
 // lock wait timeout and broken connections, up to s.maxAttempts, with
 // jittered exponential backoff. op names the operation in errors and metrics.
 func (s *Storage) inTx(ctx context.Context, op string, fn txBody) error {
-	return s.retry(ctx, op, func(a *attempt) error { return s.tryTx(ctx, fn, a) })
+	return s.retry(ctx, op, func(ctx context.Context, a *attempt) error { return s.tryTx(ctx, fn, a) })
 }
+
+// errAttemptTimedOut is the cause of a try's context when the try took
+// longer than s.attemptTimeout (WithAttemptTimeout).
+var errAttemptTimedOut = errors.New("the try took longer than its bound (the server or the network to it went silent)")
 
 // retry runs try until it succeeds, fails for a reason a retry cannot
 // help, or has failed s.maxAttempts times; see inTx.
-func (s *Storage) retry(ctx context.Context, op string, try func(a *attempt) error) error {
+func (s *Storage) retry(ctx context.Context, op string, try func(ctx context.Context, a *attempt) error) error {
 	a := &attempt{}
 	connRetries := 0
 	for {
 		a.n++
-		err := try(a)
+		err := s.tryWithin(ctx, a, try)
 		if err == nil {
 			return nil
 		}
@@ -72,6 +76,44 @@ func (s *Storage) retry(ctx context.Context, op string, try func(a *attempt) err
 	}
 }
 
+// tryWithin runs one try under s.attemptTimeout. A try cut off by it
+// (not by the caller) is a broken connection to retry: go-sql-driver
+// closed the connection when the context ended, and the server rolls back
+// whatever the try held.
+func (s *Storage) tryWithin(ctx context.Context, a *attempt, try func(ctx context.Context, a *attempt) error) error {
+	if s.attemptTimeout <= 0 {
+		return try(ctx, a)
+	}
+	actx, cancel := context.WithTimeoutCause(ctx, s.attemptTimeout, errAttemptTimedOut)
+	defer cancel()
+	err := try(actx, a)
+	if err != nil && ctx.Err() == nil && errors.Is(context.Cause(actx), errAttemptTimedOut) {
+		return fmt.Errorf("%w after %v: %w", errAttemptTimedOut, s.attemptTimeout, err)
+	}
+	return err
+}
+
+// bounded is ctx bounded by s.attemptTimeout, for a statement run outside
+// a transaction on the paths that must not wait on a silent server (the
+// webhook's lookups, collection's reference check, the worker's outbox
+// and sweep statements): past the bound go-sql-driver closes the
+// connection and the statement fails, as on a broken one.
+func (s *Storage) bounded(ctx context.Context) (context.Context, context.CancelFunc) {
+	if s.attemptTimeout <= 0 {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeoutCause(ctx, s.attemptTimeout, errAttemptTimedOut)
+}
+
+// commitUnanswered says whether COMMIT's error err means it may have
+// gone through: no server error reply came back, because the connection
+// broke or the try's context ended while COMMIT was on its way (a COMMIT
+// never sent is then taken as maybe committed too: the next try's
+// evidence says it was not).
+func commitUnanswered(ctx context.Context, err error) bool {
+	return mysqlErrNo(err) == 0 && (retryReason(err) == "connection" || ctx.Err() != nil)
+}
+
 func (s *Storage) tryTx(ctx context.Context, fn txBody, a *attempt) error {
 	tx, err := s.db.BeginTx(ctx, s.txOpts)
 	if err != nil {
@@ -88,7 +130,7 @@ func (s *Storage) tryTx(ctx context.Context, fn txBody, a *attempt) error {
 		// killed) means the server answered: the transaction was rolled
 		// back. Only a COMMIT with no answer at all (the connection broke)
 		// may have gone through.
-		if retryReason(err) == "connection" && mysqlErrNo(err) == 0 {
+		if commitUnanswered(ctx, err) {
 			a.ambiguousCommit = true
 		}
 		return fmt.Errorf("commit: %w", err)

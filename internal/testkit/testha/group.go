@@ -1,6 +1,7 @@
 package testha
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"database/sql"
@@ -13,28 +14,53 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
+
 	"github.com/stepcollect/stepcollect/internal/testkit"
+	"github.com/stepcollect/stepcollect/internal/testkit/tcpproxy"
 )
 
 // Group is a MySQL Group Replication group in single-primary mode: private
 // mysqld members from scripts/mysql.sh's chroot, each with its own datadir,
-// SQL port and group communication (XCom) port, and MySQL Router in front
-// of them. A transaction commits on the primary once a majority of the
-// group has it, so a primary that dies loses nothing it answered; the
-// members left elect a new one.
+// SQL port and group communication (XCom) port. A transaction commits on
+// the primary once a majority of the group has it, so a primary that dies
+// loses nothing it answered; the members left elect a new one.
 //
-// Router routes statically, with routing_strategy=next-available: new
-// connections go to the first member in its list that accepts them, and a
-// member that stopped accepting is not used again. InnoDB Cluster's own
-// routing (metadata_cache, which asks the group who is primary) needs the
-// cluster metadata that MySQL Shell writes, and Debian packages no MySQL
-// Shell. So the members' election weights follow Router's order: member 0
-// is the primary, member 1 is elected when it dies, then member 2, and
-// Router, moving down its list, reaches the member the group elected.
+// Two ways in are started in front of it:
+//
+//   - Balancer, a TCP proxy whose health check follows the primary, as
+//     HAProxy with a MySQL check does: every 200 ms it connects to each
+//     member over the network, as a client would, and sends new
+//     connections to the one that answers with super_read_only off. A
+//     member cut off the network does not answer it.
+//   - Router, MySQL Router with static routing (routing_strategy
+//     next-available: new connections go to the first member in its list
+//     that accepts them, and one that stopped accepting is not used
+//     again). InnoDB Cluster's own routing, metadata_cache, asks the group
+//     who is primary, but needs the cluster metadata that MySQL Shell
+//     writes, and Debian packages no MySQL Shell. So the members' election
+//     weights follow Router's order: member 0 is the primary, member 1 is
+//     elected when it dies, then member 2. Router follows a member that
+//     refuses connections (killed); one that goes silent (cut off) makes
+//     it give up on every destination (docs/operations.md).
 type Group struct {
-	Members []*SQLServer
-	Router  *Router
+	Members  []*SQLServer
+	Balancer *tcpproxy.Proxy
+	Router   *Router
+	// Network is the members' network when they run in hosts of their own
+	// (GroupConfig.Partitionable), nil on loopback.
+	Network *Network
 	root    string
+}
+
+// GroupConfig shapes a Group.
+type GroupConfig struct {
+	Members int      // 3 when 0
+	Args    []string // more flags for every member's mysqld
+	// Partitionable runs each member in a host of its own on a private
+	// Network, so that a test can cut one off (Host.Cut); Router stays on
+	// this machine's loopback, on the network's gateway side.
+	Partitionable bool
 }
 
 // Router is the MySQL Router process in front of a Group.
@@ -52,16 +78,19 @@ func (r *Router) Logs() string { return r.proc.logs.String() }
 const (
 	// the account the members' distributed recovery connects as
 	recoveryUser, recoveryPassword = "gr_recovery", "gr-recovery-pw"
+	// the account the Balancer's health check connects as: no privilege,
+	// it only reads @@super_read_only
+	checkUser, checkPassword = "gr_check", "gr-check-pw"
 )
 
-// StartGroupReplication starts an n-member group behind Router and returns
-// once every member is ONLINE and Router accepts connections; extra flags
-// go to every member's mysqld. Everything is killed when t ends.
+// StartGroupReplication starts a group behind Router and returns once
+// every member is ONLINE and Router accepts connections. Everything is
+// killed when t ends.
 //
 // It runs in the MySQL suite (`make test-mysql`, SuiteKind MySQL) and
 // skips in `make test`, which never needs MySQL's chroot. There, a missing
 // chroot or mysql-router skips t, except under CI=true, where it fails.
-func StartGroupReplication(t testing.TB, n int, extra ...string) *Group {
+func StartGroupReplication(t testing.TB, cfg GroupConfig) *Group {
 	t.Helper()
 	if SuiteKind(t) != MySQL {
 		t.Skip("Group Replication is MySQL's: it runs in the MySQL suite (make test-mysql)")
@@ -73,17 +102,29 @@ func StartGroupReplication(t testing.TB, n int, extra ...string) *Group {
 		}
 		t.Skipf("no mysql-router in MySQL's chroot (scripts/mysql.sh installs it): %v", err)
 	}
+	n := cmp.Or(cfg.Members, 3)
+	g := &Group{root: root}
+	ips := make([]string, n)
+	for i := range ips {
+		ips[i] = "127.0.0.1"
+	}
+	if cfg.Partitionable {
+		g.Network = NewNetwork(t, n)
+		for i, h := range g.Network.Hosts() {
+			ips[i] = h.IP
+		}
+	}
 	ports := make([]int, n)
 	seeds := make([]string, n)
 	for i := range n {
+		// free here; in a host of its own nothing else listens
 		ports[i] = testkit.FreePort(t)
-		seeds[i] = "127.0.0.1:" + strconv.Itoa(testkit.FreePort(t))
+		seeds[i] = ips[i] + ":" + strconv.Itoa(testkit.FreePort(t))
 	}
 	uuid := make([]byte, 16)
 	rand.Read(uuid)
 	name := fmt.Sprintf("%x-%x-%x-%x-%x", uuid[0:4], uuid[4:6], uuid[6:8], uuid[8:10], uuid[10:])
 
-	g := &Group{root: root}
 	for i := range n {
 		args := []string{
 			"--server-id=" + strconv.Itoa(i+1),
@@ -101,10 +142,13 @@ func StartGroupReplication(t testing.TB, n int, extra ...string) *Group {
 			// distributed recovery connects to the donor as a client:
 			// here, by address, and caching_sha2 without TLS needs the
 			// donor's public key
-			"--report-host=127.0.0.1", "--report-port=" + strconv.Itoa(ports[i]),
+			"--report-host=" + ips[i], "--report-port=" + strconv.Itoa(ports[i]),
 			"--group-replication-recovery-get-public-key=ON",
 		}
-		s := newMySQL(t, root, ports[i], append(args, extra...))
+		s := newMySQL(t, root, ports[i], append(args, cfg.Args...))
+		if g.Network != nil {
+			s.onHost(g.Network.Hosts()[i], g.Network)
+		}
 		s.launch()
 		g.Members = append(g.Members, s)
 	}
@@ -129,7 +173,61 @@ func StartGroupReplication(t testing.TB, n int, extra ...string) *Group {
 		t.Fatal(err)
 	}
 	g.startRouter(t)
+	g.startBalancer(t)
 	return g
+}
+
+// startBalancer starts the Balancer on the primary and its health check,
+// both stopped when t ends.
+func (g *Group) startBalancer(t testing.TB) {
+	t.Helper()
+	checks := make([]*sql.DB, len(g.Members))
+	for i, s := range g.Members {
+		cfg := mysql.NewConfig()
+		cfg.User, cfg.Passwd, cfg.Net, cfg.Addr = checkUser, checkPassword, "tcp", s.addr()
+		cfg.Timeout, cfg.ReadTimeout, cfg.WriteTimeout = time.Second, time.Second, time.Second
+		db, err := sql.Open("mysql", cfg.FormatDSN())
+		if err != nil {
+			t.Fatal(err)
+		}
+		db.SetMaxIdleConns(0) // a connection of its own for each check, as a balancer's
+		checks[i] = db
+	}
+	primary := g.Members[0].addr()
+	g.Balancer = tcpproxy.Start(t, primary)
+	stop, stopped := make(chan struct{}), make(chan struct{})
+	t.Cleanup(func() {
+		close(stop)
+		<-stopped
+		for _, db := range checks {
+			db.Close()
+		}
+	})
+	go func() {
+		defer close(stopped)
+		tick := time.NewTicker(200 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+			for i, db := range checks {
+				var readOnly int
+				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+				err := db.QueryRowContext(ctx, "SELECT @@super_read_only").Scan(&readOnly)
+				cancel()
+				if err == nil && readOnly == 0 {
+					if addr := g.Members[i].addr(); addr != primary {
+						primary = addr
+						g.Balancer.Retarget(addr)
+					}
+					break
+				}
+			}
+		}
+	}()
 }
 
 // prepareMember creates the recovery account, outside the binary log so
@@ -137,8 +235,10 @@ func StartGroupReplication(t testing.TB, n int, extra ...string) *Group {
 func (s *SQLServer) prepareMember() error {
 	return s.execOnOne(
 		"SET SQL_LOG_BIN = 0",
-		fmt.Sprintf("CREATE USER '%s'@'127.0.0.1' IDENTIFIED BY '%s'", recoveryUser, recoveryPassword),
-		fmt.Sprintf("GRANT REPLICATION SLAVE ON *.* TO '%s'@'127.0.0.1'", recoveryUser),
+		// from any member: on loopback or from a host of its own
+		fmt.Sprintf("CREATE USER '%s'@'%%' IDENTIFIED BY '%s'", recoveryUser, recoveryPassword),
+		fmt.Sprintf("GRANT REPLICATION SLAVE ON *.* TO '%s'@'%%'", recoveryUser),
+		fmt.Sprintf("CREATE USER '%s'@'%%' IDENTIFIED BY '%s'", checkUser, checkPassword),
 		"SET SQL_LOG_BIN = 1",
 		fmt.Sprintf("CHANGE REPLICATION SOURCE TO SOURCE_USER = '%s', SOURCE_PASSWORD = '%s' FOR CHANNEL 'group_replication_recovery'",
 			recoveryUser, recoveryPassword),
@@ -260,7 +360,7 @@ func (g *Group) startRouter(t testing.TB) {
 	in := strings.TrimPrefix(dir, filepath.Clean(g.root))
 	dests := make([]string, len(g.Members))
 	for i, s := range g.Members {
-		dests[i] = "127.0.0.1:" + strconv.Itoa(s.Port)
+		dests[i] = s.addr()
 	}
 	r := &Router{Port: testkit.FreePort(t)}
 	conf := fmt.Sprintf(`[DEFAULT]

@@ -2,7 +2,6 @@ package testha
 
 import (
 	"database/sql"
-	"fmt"
 	"testing"
 	"time"
 
@@ -19,7 +18,7 @@ import (
 // and has every row.
 func TestGroupReplicationElectsAPrimaryRouterFollows(t *testing.T) {
 	t.Parallel()
-	g := StartGroupReplication(t, 3, "--group-replication-member-expel-timeout=0")
+	g := StartGroupReplication(t, GroupConfig{Args: []string{"--group-replication-member-expel-timeout=0"}})
 	if p := g.Primary(0); p != 0 {
 		t.Fatalf("the bootstrapped group's primary is member %d, want 0", p)
 	}
@@ -29,7 +28,7 @@ func TestGroupReplicationElectsAPrimaryRouterFollows(t *testing.T) {
 		t.Fatal(err)
 	}
 	direct := cfg.Clone()
-	direct.Addr = fmt.Sprintf("127.0.0.1:%d", g.Members[2].Port)
+	direct.Addr = g.Members[2].addr()
 	cfg.Addr = g.Router.Addr()
 	db, err := sql.Open("mysql", cfg.FormatDSN())
 	if err != nil {
@@ -87,4 +86,74 @@ func TestGroupReplicationElectsAPrimaryRouterFollows(t *testing.T) {
 		return g.Members[0].Admin.QueryRow("SELECT v FROM "+cfg.DBName+".t WHERE id = 1").Scan(&v) == nil && v == 2
 	})
 	t.Logf("primary killed (member_expel_timeout 0): member 1 elected after %v, the first write through Router after %v", elected.Round(time.Millisecond), wrote.Round(time.Millisecond))
+}
+
+// The primary of a group on a private network is cut off (every packet to
+// and from its host dropped): the two members left elect member 1, and a
+// write through the Balancer reaches it once its health check has moved;
+// healed, member 0 rejoins the group by itself, as a secondary, and has
+// the row.
+func TestGroupReplicationPrimaryPartitionedAway(t *testing.T) {
+	t.Parallel()
+	g := StartGroupReplication(t, GroupConfig{Partitionable: true, Args: []string{"--group-replication-member-expel-timeout=0"}})
+	appDSN, _ := g.Members[0].NewDatabase(t, nil)
+	cfg, err := mysql.ParseDSN(appDSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Addr = g.Balancer.Addr
+	cfg.Timeout = 10 * time.Second
+	db, err := sql.Open("mysql", cfg.FormatDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	db.SetMaxIdleConns(0) // every statement through a new connection: the Balancer's choice
+	for _, q := range []string{
+		"CREATE TABLE t (id INT PRIMARY KEY, v INT NOT NULL)",
+		"INSERT INTO t VALUES (1, 0)",
+	} {
+		if _, err := db.Exec(q); err != nil {
+			t.Fatalf("%s through the Balancer: %v", q, err)
+		}
+	}
+	if err := g.Members[0].Host().Cut(); err != nil {
+		t.Fatal(err)
+	}
+	cut := time.Now()
+	var elected time.Duration
+	waitFor(t, 60*time.Second, func() bool {
+		if g.Primary(1) == 1 {
+			elected = time.Since(cut)
+			return true
+		}
+		return false
+	})
+	// member 0 still holds itself primary, of a group it cannot reach
+	t.Logf("member 0, cut off, sees %v", g.Membership(0))
+	var wrote time.Duration
+	waitFor(t, 30*time.Second, func() bool {
+		_, err = db.Exec("UPDATE t SET v = v + 1 WHERE id = 1")
+		if err == nil {
+			wrote = time.Since(cut)
+		}
+		return err == nil
+	})
+	if err := g.Members[0].Host().Heal(); err != nil {
+		t.Fatal(err)
+	}
+	healed := time.Now()
+	if err := g.AwaitOnline(3, 1, 120*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	rejoined := time.Since(healed)
+	if p := g.Primary(0); p != 1 {
+		t.Errorf("after member 0 rejoined, it sees member %d as primary, want 1", p)
+	}
+	var v int
+	waitFor(t, 30*time.Second, func() bool {
+		return g.Members[0].Admin.QueryRow("SELECT v FROM "+cfg.DBName+".t WHERE id = 1").Scan(&v) == nil && v == 1
+	})
+	t.Logf("primary cut off (member_expel_timeout 0): member 1 elected after %v, the first write through the Balancer after %v; healed, member 0 back ONLINE after %v",
+		elected.Round(time.Millisecond), wrote.Round(time.Millisecond), rejoined.Round(time.Millisecond))
 }

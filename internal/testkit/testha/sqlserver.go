@@ -80,6 +80,34 @@ type SQLServer struct {
 	// admin is where root connects: net and address (TCP on MariaDB, the
 	// socket on MySQL, whose root@localhost does not match 127.0.0.1)
 	adminNet, adminAddr string
+	// On a Network (OnHost): the host it runs in, whose address it
+	// listens on, and the address its clients come from.
+	host       *Host
+	clientHost string
+}
+
+// addr is the server's TCP address.
+func (s *SQLServer) addr() string {
+	ip := "127.0.0.1"
+	if s.host != nil {
+		ip = s.host.IP
+	}
+	return fmt.Sprintf("%s:%d", ip, s.Port)
+}
+
+// Host is the network namespace the server runs in (nil on loopback).
+func (s *SQLServer) Host() *Host { return s.host }
+
+// onHost moves a server not yet started into host: it listens on the
+// host's address only, and takes its clients from the network's gateway.
+func (s *SQLServer) onHost(h *Host, nw *Network) {
+	for i, a := range s.proc.args {
+		if a == "--bind-address=127.0.0.1" {
+			s.proc.args[i] = "--bind-address=" + h.IP
+		}
+	}
+	s.proc.bin, s.proc.args = h.Run(s.proc.bin, s.proc.args...)
+	s.host, s.clientHost = h, nw.prefix+"%"
 }
 
 // launch starts s.proc, waits until root's pool answers, and arranges for
@@ -185,17 +213,21 @@ func (s *SQLServer) NewDatabase(t testing.TB, adjust func(*mysql.Config)) (appDS
 	rand.Read(b)
 	suffix := hex.EncodeToString(b)
 	name, user, pass := "ha_"+suffix, "app_"+suffix, "pw-"+suffix
+	from := "127.0.0.1"
+	if s.clientHost != "" {
+		from = s.clientHost
+	}
 	for _, q := range []string{
 		"CREATE DATABASE " + name,
-		fmt.Sprintf("CREATE USER '%s'@'127.0.0.1' IDENTIFIED BY '%s'", user, pass),
-		fmt.Sprintf("GRANT ALL PRIVILEGES ON %s.* TO '%s'@'127.0.0.1'", name, user),
+		fmt.Sprintf("CREATE USER '%s'@'%s' IDENTIFIED BY '%s'", user, from, pass),
+		fmt.Sprintf("GRANT ALL PRIVILEGES ON %s.* TO '%s'@'%s'", name, user, from),
 	} {
 		if _, err := s.Admin.Exec(q); err != nil {
 			t.Fatalf("%s: %v", q, err)
 		}
 	}
 	cfg := mysql.NewConfig()
-	cfg.User, cfg.Passwd, cfg.Net, cfg.Addr, cfg.DBName = user, pass, "tcp", fmt.Sprintf("127.0.0.1:%d", s.Port), name
+	cfg.User, cfg.Passwd, cfg.Net, cfg.Addr, cfg.DBName = user, pass, "tcp", s.addr(), name
 	cfg.ParseTime = true
 	if adjust != nil {
 		adjust(cfg)
