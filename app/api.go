@@ -37,6 +37,9 @@ type APIConfig struct {
 	LogFormat      string
 	// MySQLMaxConns bounds the pool (default 64).
 	MySQLMaxConns int
+	// MySQLTryTimeout bounds each try of a transaction (-mysql-try-timeout;
+	// 0 is the default, 10 s; negative is no bound).
+	MySQLTryTimeout time.Duration
 	// MaxInflightBodyBytes bounds the working memory of bodies being read
 	// and decoded at once (default httpapi.DefaultMaxInflightBodyBytes).
 	MaxInflightBodyBytes int64
@@ -105,7 +108,7 @@ func ParseAPIConfig(args []string, getenv func(string) string) (APIConfig, *conf
 		MySQLDSN: *common.dsn, RedisURL: *common.redis, Migrate: *common.migrate, Listen: *listen, MetricsListen: *metricsListen, DumpWebhook: *dumpWebhook, APIKey: *apiKey,
 		WebhookHMACKey: *hmacKey, MaxBodyBytes: int64(*maxBody), MaxInflightBodyBytes: int64(*inflight),
 		MaxStepIDs: *stepIDs, MaxStepCommands: *stepCommands, MaxStepRows: *stepRows, DefaultStepTimeout: *stepTimeout,
-		LogLevel: *common.level, LogFormat: *common.format, MySQLMaxConns: *common.maxConns,
+		LogLevel: *common.level, LogFormat: *common.format, MySQLMaxConns: *common.maxConns, MySQLTryTimeout: common.tryTimeoutConfig(),
 	}, s, nil
 }
 
@@ -136,7 +139,7 @@ type API struct {
 // handler and binds the listener. Redis need not be up: results are
 // committed without it.
 func NewAPI(ctx context.Context, cfg APIConfig, logger zerolog.Logger) (*API, error) {
-	d, err := openDeps(ctx, cfg.RedisURL, cfg.MySQLDSN, cfg.MySQLMaxConns, cfg.Migrate, true, logger)
+	d, err := openDeps(ctx, cfg.RedisURL, cfg.MySQLDSN, cfg.MySQLMaxConns, cfg.MySQLTryTimeout, cfg.Migrate, true, logger)
 	if err != nil {
 		return nil, err
 	}

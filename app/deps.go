@@ -30,6 +30,16 @@ type commonFlags struct {
 	dsn, redis, level, format *string
 	migrate                   *bool
 	maxConns                  *int
+	tryTimeout                *time.Duration
+}
+
+// tryTimeout is the -mysql-try-timeout flag as the configs take it: 0
+// there is the default, so the flag's 0 (no bound) becomes -1.
+func (f *commonFlags) tryTimeoutConfig() time.Duration {
+	if *f.tryTimeout == 0 {
+		return -1
+	}
+	return *f.tryTimeout
 }
 
 func addCommonFlags(s *config.Set) *commonFlags {
@@ -38,8 +48,10 @@ func addCommonFlags(s *config.Set) *commonFlags {
 		redis:    s.URL("redis-url", "STEPCOLLECT_REDIS_URL", config.DefaultRedisURL, "Redis URL: redis://, rediss:// or redis-sentinel://"),
 		migrate:  s.Bool("migrate", "STEPCOLLECT_MIGRATE", true, "apply the embedded schema migrations at start"),
 		maxConns: s.Int("mysql-max-conns", "STEPCOLLECT_MYSQL_MAX_CONNS", 64, "most MySQL connections this process opens (every replica's count adds up against max_connections)"),
-		level:    s.String("log-level", "STEPCOLLECT_LOG_LEVEL", "info", "debug, info, warn or error"),
-		format:   s.String("log-format", "STEPCOLLECT_LOG_FORMAT", "json", "json, or console for people"),
+		tryTimeout: s.Duration("mysql-try-timeout", "STEPCOLLECT_MYSQL_TRY_TIMEOUT", stepmysql.DefaultAttemptTimeout,
+			"longest one try of a transaction (or one statement outside one) may take before its connection is closed and it is tried again on a fresh one; 0 for no bound"),
+		level:  s.String("log-level", "STEPCOLLECT_LOG_LEVEL", "info", "debug, info, warn or error"),
+		format: s.String("log-format", "STEPCOLLECT_LOG_FORMAT", "json", "json, or console for people"),
 	}
 	// read back by run through the Set: GET this binary's own /readyz
 	// (the container health check) instead of starting
@@ -49,6 +61,12 @@ func addCommonFlags(s *config.Set) *commonFlags {
 	s.Check(func() error {
 		if *f.maxConns < 2 {
 			return fmt.Errorf("-mysql-max-conns: %d is less than 2", *f.maxConns)
+		}
+		return nil
+	})
+	s.Check(func() error {
+		if *f.tryTimeout < 0 {
+			return fmt.Errorf("-mysql-try-timeout: %v is negative (0 for no bound)", *f.tryTimeout)
 		}
 		return nil
 	})
@@ -72,7 +90,10 @@ type deps struct {
 // steps to a Handoff (the api, where results arrive), which batches them
 // onto the queue off the request path, instead of collecting them itself.
 // Events are not handed anywhere: the worker's dispatcher polls the outbox.
-func openDeps(ctx context.Context, redisURL, dsn string, maxConns int, migrate, collectViaQueue bool, logger zerolog.Logger) (*deps, error) {
+//
+// tryTimeout bounds each try (stepmysql.WithAttemptTimeout): 0 is the
+// default, negative no bound.
+func openDeps(ctx context.Context, redisURL, dsn string, maxConns int, tryTimeout time.Duration, migrate, collectViaQueue bool, logger zerolog.Logger) (*deps, error) {
 	redisOpt, err := asynq.ParseRedisURI(redisURL)
 	if err != nil {
 		return nil, fmt.Errorf("-redis-url: %w", config.RedactError(err, redisURL))
@@ -81,6 +102,9 @@ func openDeps(ctx context.Context, redisURL, dsn string, maxConns int, migrate, 
 	d := &deps{redisOpt: redisOpt, metrics: newMetrics(redisOpt)}
 	d.enq = tasks.NewEnqueuer(redisOpt, tasks.OnEnqueueFailure(d.metrics.Enqueue.Failed))
 	opts := []stepmysql.Option{stepmysql.WithObserver(d.metrics.Storage), stepmysql.WithOutbox()}
+	if tryTimeout != 0 {
+		opts = append(opts, stepmysql.WithAttemptTimeout(max(tryTimeout, 0)))
+	}
 	if collectViaQueue {
 		d.handoff = collector.NewHandoff(collector.HandoffConfig{OnDrop: func(n int) { d.metrics.Enqueue.HandoffDropped.Add(float64(n)) }},
 			d.enq, logger.With().Str("component", "handoff").Logger())

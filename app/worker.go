@@ -42,6 +42,9 @@ type WorkerConfig struct {
 	ShutdownTimeout time.Duration
 	// MySQLMaxConns bounds the pool (default 64).
 	MySQLMaxConns int
+	// MySQLTryTimeout bounds each try of a transaction (-mysql-try-timeout;
+	// 0 is the default, 10 s; negative is no bound).
+	MySQLTryTimeout time.Duration
 	// MaxDeliveryAttempts and MaxDeliveryAge hold an event that failed
 	// that often, or is that old, for an operator; 0: no limit.
 	MaxDeliveryAttempts int
@@ -95,7 +98,7 @@ func ParseWorkerConfig(args []string, getenv func(string) string) (WorkerConfig,
 	return WorkerConfig{
 		MySQLDSN: *common.dsn, RedisURL: *common.redis, Migrate: *common.migrate, MetricsListen: *listen,
 		Concurrency: *conc, SweepInterval: *sweep, ScheduleInterval: *schedule, CallbackURL: *callback,
-		CallbackHMACKey: *callbackKey, LogLevel: *common.level, LogFormat: *common.format, MySQLMaxConns: *common.maxConns,
+		CallbackHMACKey: *callbackKey, LogLevel: *common.level, LogFormat: *common.format, MySQLMaxConns: *common.maxConns, MySQLTryTimeout: common.tryTimeoutConfig(),
 		ShutdownTimeout: 8 * time.Second, MaxDeliveryAttempts: *maxAttempts, MaxDeliveryAge: *maxAge,
 		PushURL: *pushURL, PushAPIKey: *pushKey, RePushInterval: *repush,
 	}, s, nil
@@ -122,7 +125,7 @@ type Worker struct {
 // NewWorker connects to MySQL (migrating it if configured), prepares the
 // asynq server and binds the metrics listener. Redis need not be up yet.
 func NewWorker(ctx context.Context, cfg WorkerConfig, logger zerolog.Logger) (*Worker, error) {
-	d, err := openDeps(ctx, cfg.RedisURL, cfg.MySQLDSN, cfg.MySQLMaxConns, cfg.Migrate, false, logger)
+	d, err := openDeps(ctx, cfg.RedisURL, cfg.MySQLDSN, cfg.MySQLMaxConns, cfg.MySQLTryTimeout, cfg.Migrate, false, logger)
 	if err != nil {
 		return nil, err
 	}
@@ -179,9 +182,11 @@ func (w *Worker) Run(ctx context.Context) error {
 	if err := w.srv.Start(w.mux); err != nil {
 		return fmt.Errorf("starting asynq server: %w", err)
 	}
-	tickers := make(chan struct{}, 4)
+	const nTickers = 5 // the goroutines below, each waited for at the stop
+	tickers := make(chan struct{}, nTickers)
 	go func() { w.sweeper.SweepAtStart(ctx); w.sweeper.Run(ctx); tickers <- struct{}{} }()
 	go func() { w.sweeper.SweepOnQueueLoss(ctx, w.redisOpt); tickers <- struct{}{} }()
+	go func() { w.sweeper.SweepOnServerChange(ctx, w.store); tickers <- struct{}{} }()
 	go func() { w.scheduler.Run(ctx); tickers <- struct{}{} }()
 	go func() { w.dispatcher.Run(ctx); tickers <- struct{}{} }()
 	callback := config.RedactURL(w.cfg.CallbackURL)
@@ -206,10 +211,9 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	w.logger.Info().Msg("worker stopping")
 	w.srv.Shutdown()
-	<-tickers
-	<-tickers
-	<-tickers
-	<-tickers
+	for range nTickers {
+		<-tickers
+	}
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	w.http.Shutdown(shutdownCtx)

@@ -212,3 +212,24 @@ func (s *Sweeper) SweepOnQueueLoss(ctx context.Context, r asynq.RedisConnOpt) {
 		}
 	})
 }
+
+// SweepOnServerChange sweeps once, in process, whenever a database server
+// not seen before starts answering (WatchServer), until ctx ends: after a
+// failover to an asynchronous replica the steps whose collection the old
+// primary committed last are back, unreferenced, and would otherwise wait
+// for the next sweep slot. Every replica does it; collection is
+// idempotent. Nothing when sweeps are off.
+func (s *Sweeper) SweepOnServerChange(ctx context.Context, db ServerIdentifier) {
+	if s.cfg.Interval <= 0 {
+		return
+	}
+	WatchServer(ctx, db, time.Second, s.logger, func(from, to string) {
+		res, err := s.Sweep(ctx)
+		l := s.logger.With().Str("from", from).Str("to", to).Logger()
+		if err != nil && ctx.Err() == nil {
+			l.Warn().Err(err).Msg("sweep after the database server changed failed; the next sweep slot tries again")
+			return
+		}
+		l.Info().Int("examined", res.Examined).Int("collected", res.Collected).Msg("swept after the database server changed")
+	})
+}

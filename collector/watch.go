@@ -76,3 +76,49 @@ func infoField(info, name string) string {
 	}
 	return ""
 }
+
+// ServerIdentifier names the database server that answers (host, port,
+// server_id): the storage's ServerIdentity.
+type ServerIdentifier interface {
+	ServerIdentity(ctx context.Context) (string, error)
+}
+
+// WatchServer asks every interval which database server answers, until ctx
+// ends, and calls onNew when one it has not seen before does: a promoted
+// replica, another Galera node behind a balancer, a restored backup. A
+// server that asynchronous replication made primary may lack what the old
+// one committed last, collections included: the steps those deleted are
+// back, unreferenced, and nothing hands them to a worker again. Only
+// servers never seen count, so a pool whose connections still reach the
+// old server and the new one by turns does not call onNew at every turn.
+// A failed question is skipped (the next one asks again).
+func WatchServer(ctx context.Context, db ServerIdentifier, every time.Duration, logger zerolog.Logger, onNew func(from, to string)) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	seen := map[string]bool{}
+	last := ""
+	for {
+		qctx, cancel := context.WithTimeout(ctx, max(every, time.Second))
+		id, err := db.ServerIdentity(qctx)
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil:
+			logger.Debug().Err(err).Msg("server watch: the database did not say which server it is; asking again")
+		case !seen[id]:
+			seen[id] = true
+			if last != "" {
+				onNew(last, id)
+			}
+			last = id
+		default:
+			last = id
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}

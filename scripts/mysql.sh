@@ -86,7 +86,7 @@ install_mysql() {
     # The mirror's Release file for unstable can be past its Valid-Until date.
     chroot "$root" apt-get -o Acquire::Check-Valid-Until=false update &&
     DEBIAN_FRONTEND=noninteractive chroot "$root" apt-get -o Acquire::Check-Valid-Until=false \
-      install --no-install-recommends -y mysql-server-core mysql-client-core mysql-router &&
+      install --no-install-recommends -y mysql-server-core mysql-client-core &&
     chroot "$root" apt-get clean
 }
 
@@ -160,12 +160,10 @@ else
   step "debootstrap" make_chroot
 fi
 
-# mysql-router came later (the Group Replication tests put it in front of
-# the group): a chroot made before it gets it on its next start.
-if [ -x "$root/usr/sbin/mysqld" ] && [ -x "$root/usr/bin/mysqlrouter" ]; then
-  say "packages: reused mysql-server-core, mysql-client-core and mysql-router"
+if [ -x "$root/usr/sbin/mysqld" ]; then
+  say "packages: reused mysql-server-core and mysql-client-core"
 else
-  step "install mysql-server-core mysql-client-core mysql-router" install_mysql
+  step "install mysql-server-core mysql-client-core" install_mysql
 fi
 say "version: $(chroot "$root" mysqld --version 2>&1)"
 

@@ -12,19 +12,19 @@ import (
 	"github.com/stepcollect/stepcollect/internal/testkit/testha"
 )
 
-// groupStack is the api and the worker, unchanged, both through addr in
-// front of g (Router or the Balancer), and the test's own view of the
-// database on member view (as root, on its socket), all on one new
-// database of g's primary (member 0); it returns the database's name and
-// the DSN the api and the worker use.
-func groupStack(t *testing.T, g *testha.Group, addr string, view int) (s *testkit.Stack, dbName, appDSN string) {
+// groupStack is the api and the worker, unchanged, both through g's
+// Balancer (see testha.Group for why not MySQL Router), and the test's own
+// view of the database on member view (as root, on its socket), all on
+// one new database of g's primary (member 0); it returns the database's
+// name and the DSN the api and the worker use.
+func groupStack(t *testing.T, g *testha.Group, view int) (s *testkit.Stack, dbName, appDSN string) {
 	t.Helper()
 	appDSN, _ = g.Members[0].NewDatabase(t, nil)
 	cfg, err := mysql.ParseDSN(appDSN)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.Addr = addr
+	cfg.Addr = g.Balancer.Addr
 	rootCfg, err := mysql.ParseDSN(g.Members[view].DSN())
 	if err != nil {
 		t.Fatal(err)
@@ -42,23 +42,23 @@ func groupStack(t *testing.T, g *testha.Group, addr string, view int) (s *testki
 
 // The primary of a three-member Group Replication group in single-primary
 // mode is SIGKILLed in the middle of the results. The api and the worker
-// reach the group through MySQL Router; the members left elect member 1,
-// and Router moves to it (see testha.Group for how Router's static list
-// follows the election).
+// reach the group through a balancer whose health check follows the
+// primary; the members left elect member 1, and the balancer moves to it.
 //
 // A transaction commits on the primary once a majority of the group has
 // it, so no result answered 200 may be missing from the new primary (read
-// back row by row on member 1). Until the election, Router's next member
-// is a secondary, which refuses writes (super_read_only, 1290): those
-// webhooks answer 503, as does one in flight at the kill (or 200, where a
+// back row by row on member 1). Until the election no member takes writes:
+// the balancer still points at the dead primary (connections refused) and
+// the secondaries refuse writes (super_read_only, 1290); those webhooks
+// answer 503, as does one in flight at the kill (or 200, where a
 // COMMIT's answer was lost and the retry finds its evidence). Every 503
 // sent again is answered 200; within 15 s of the election every step is
 // collected and every event delivered, each completion under one event
 // id; the killed member, rejoined, has caught up and holds no step row.
 func TestGroupReplicationPrimaryKilledInTheMiddleOfAFanOut(t *testing.T) {
 	g := testha.StartGroupReplication(t, testha.GroupConfig{})
-	s, dbName, dsn := groupStack(t, g, g.Router.Addr(), 1)
-	const name = "Group Replication: the primary (member 0 of 3) killed, behind MySQL Router"
+	s, dbName, dsn := groupStack(t, g, 1)
+	const name = "Group Replication: the primary (member 0 of 3) killed, behind a health-checked balancer"
 
 	r := s.EnqueueRound(t, "GR", enrollments())
 	began := time.Now()
@@ -94,8 +94,8 @@ func TestGroupReplicationPrimaryKilledInTheMiddleOfAFanOut(t *testing.T) {
 	if p := g.Primary(0); p != 1 {
 		t.Errorf("%s: after member 0 rejoined it sees member %d as the primary, want 1", name, p)
 	}
-	// Router does not go back to the rejoined member (a secondary now):
-	// a new connection through it is on member 1
+	// the balancer does not go back to the rejoined member (a secondary
+	// now): a new connection through it is on member 1
 	via, err := sql.Open("mysql", dsn)
 	if err != nil {
 		t.Fatal(err)
@@ -103,7 +103,7 @@ func TestGroupReplicationPrimaryKilledInTheMiddleOfAFanOut(t *testing.T) {
 	defer via.Close()
 	var port int
 	if err := via.QueryRow("SELECT @@port").Scan(&port); err != nil || port != g.Members[1].Port {
-		t.Errorf("%s: a new connection through Router after member 0 rejoined is on port %d (%v), want member 1's %d", name, port, err, g.Members[1].Port)
+		t.Errorf("%s: a new connection through the balancer after member 0 rejoined is on port %d (%v), want member 1's %d", name, port, err, g.Members[1].Port)
 	}
 	t.Logf("FAILOVER %s: %s; member 1 elected %v after the kill (writes refused until then), the first 200 sent after the kill %s after it; "+
 		"%d sent again in %d rounds; %s (from the election)",
@@ -116,10 +116,8 @@ func TestGroupReplicationPrimaryKilledInTheMiddleOfAFanOut(t *testing.T) {
 // rather than fail. The group runs with group_replication_member_expel_timeout
 // 0, which docs/operations.md gives for a fast failover (the kill test
 // above keeps the default). The two members left elect member 1. The api
-// and the worker reach the group through the Balancer, whose health check
-// moves to it: MySQL Router's static routing, whose connection attempts to
-// member 0 go unanswered for their connect timeout, gave up on every
-// destination here and stopped listening (see testha.Group).
+// and the worker reach the group through the balancer, whose health check
+// moves to it and closes the sessions it forwarded to member 0.
 //
 // The cut-off primary can commit nothing without the majority, so no
 // result answered 200 may be missing on member 1 (read back row by row).
@@ -132,7 +130,7 @@ func TestGroupReplicationPrimaryKilledInTheMiddleOfAFanOut(t *testing.T) {
 func TestGroupReplicationPrimaryPartitionedAwayInTheMiddleOfAFanOut(t *testing.T) {
 	g := testha.StartGroupReplication(t, testha.GroupConfig{Partitionable: true,
 		Args: []string{"--group-replication-member-expel-timeout=0"}})
-	s, dbName, _ := groupStack(t, g, g.Balancer.Addr, 1)
+	s, dbName, _ := groupStack(t, g, 1)
 	s.Client.WithTimeout(60 * time.Second)
 	const name = "Group Replication: the primary's host (member 0 of 3) cut off the network, behind a health-checked balancer"
 

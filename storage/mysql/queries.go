@@ -312,6 +312,11 @@ ON DUPLICATE KEY UPDATE value = x.v, updated_at = CURRENT_TIMESTAMP(6)`
 
 	qStateExists = `SELECT COUNT(*) FROM stepcollect_state WHERE name = ?`
 
+	// Which server answers (ServerIdentity): host, port and server_id
+	// tell a promoted replica, or another Galera node, from the server
+	// before it on both kinds (MariaDB has no server_uuid).
+	qServerIdentity = `SELECT CONCAT(@@hostname, ':', @@port, ' server_id ', @@server_id)`
+
 	qStepStatus = `
 SELECT s.workflow_name, s.instance_id, s.step_name, s.created_at,
   (SELECT COUNT(DISTINCT c.enrollment_id) FROM id_commands c WHERE c.step_id = s.id)

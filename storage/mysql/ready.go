@@ -51,3 +51,16 @@ func Ready(ctx context.Context, db *sql.DB) error {
 	}
 	return nil
 }
+
+// ServerIdentity names the server that answers: its host, port and
+// server_id. The worker watches it (collector.WatchServer) to sweep at
+// once when another server starts answering, as after a failover.
+func (s *Storage) ServerIdentity(ctx context.Context) (string, error) {
+	ctx, cancel := s.bounded(ctx)
+	defer cancel()
+	var id string
+	if err := s.db.QueryRowContext(ctx, qServerIdentity).Scan(&id); err != nil {
+		return "", fmt.Errorf("asking which server answers: %w", err)
+	}
+	return id, nil
+}

@@ -55,7 +55,9 @@ func (p *Proxy) pipe(c net.Conn) {
 	p.mu.Lock()
 	target, delay := p.target, p.delay
 	p.mu.Unlock()
-	up, err := net.Dial("tcp", target)
+	// a balancer's connect timeout: a target cut off the network does not
+	// answer the SYN, and the client waits this long, not TCP's two minutes
+	up, err := net.DialTimeout("tcp", target, 5*time.Second)
 	if err != nil {
 		c.Close()
 		return
@@ -139,6 +141,19 @@ func (p *Proxy) Retarget(target string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.target = target
+}
+
+// Move sends new connections to target and closes every connection it
+// forwarded so far: a load balancer that shuts the sessions of a backend
+// it marks down (HAProxy's on-marked-down shutdown-sessions), so that no
+// client keeps talking to a server that is no longer the primary.
+func (p *Proxy) Move(target string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.target = target
+	for c := range p.conns {
+		c.Close()
+	}
 }
 
 // Restore listens again on the same address.

@@ -7,10 +7,8 @@ import (
 	"database/sql"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -24,29 +22,28 @@ import (
 // mysqld members from scripts/mysql.sh's chroot, each with its own datadir,
 // SQL port and group communication (XCom) port. A transaction commits on
 // the primary once a majority of the group has it, so a primary that dies
-// loses nothing it answered; the members left elect a new one.
+// loses nothing it answered; the members left elect a new one (the member
+// weights make it member 1, then member 2).
 //
-// Two ways in are started in front of it:
+// In front of it is the Balancer, a TCP proxy whose health check follows
+// the primary, as HAProxy with a MySQL check does: every 200 ms it connects
+// to each member over the network, as a client would, and sends new
+// connections to the one that answers with super_read_only off, closing
+// those it forwarded to the member before (on-marked-down
+// shutdown-sessions). A member cut off the network does not answer it.
 //
-//   - Balancer, a TCP proxy whose health check follows the primary, as
-//     HAProxy with a MySQL check does: every 200 ms it connects to each
-//     member over the network, as a client would, and sends new
-//     connections to the one that answers with super_read_only off. A
-//     member cut off the network does not answer it.
-//   - Router, MySQL Router with static routing (routing_strategy
-//     next-available: new connections go to the first member in its list
-//     that accepts them, and one that stopped accepting is not used
-//     again). InnoDB Cluster's own routing, metadata_cache, asks the group
-//     who is primary, but needs the cluster metadata that MySQL Shell
-//     writes, and Debian packages no MySQL Shell. So the members' election
-//     weights follow Router's order: member 0 is the primary, member 1 is
-//     elected when it dies, then member 2. Router follows a member that
-//     refuses connections (killed); one that goes silent (cut off) makes
-//     it give up on every destination (docs/operations.md).
+// Why not MySQL Router: InnoDB Cluster's routing (metadata_cache), which
+// asks the group who is primary, needs the cluster metadata MySQL Shell
+// writes, and Debian packages no MySQL Shell. Router's static routing
+// (routing_strategy next-available, this list in election order) was
+// tried: with the api's and the worker's concurrent connections, the
+// refused or timed-out attempts to the dead primary used up every
+// destination within milliseconds ("no more destinations", two healthy
+// members left) and Router stopped listening for good
+// (docs/operations.md, "Database clusters").
 type Group struct {
 	Members  []*SQLServer
 	Balancer *tcpproxy.Proxy
-	Router   *Router
 	// Network is the members' network when they run in hosts of their own
 	// (GroupConfig.Partitionable), nil on loopback.
 	Network *Network
@@ -58,22 +55,10 @@ type GroupConfig struct {
 	Members int      // 3 when 0
 	Args    []string // more flags for every member's mysqld
 	// Partitionable runs each member in a host of its own on a private
-	// Network, so that a test can cut one off (Host.Cut); Router stays on
-	// this machine's loopback, on the network's gateway side.
+	// Network, so that a test can cut one off (Host.Cut); the Balancer
+	// stays on this machine's loopback, on the network's gateway side.
 	Partitionable bool
 }
-
-// Router is the MySQL Router process in front of a Group.
-type Router struct {
-	Port int
-	proc *process
-}
-
-// Addr is Router's address, for the application's DSN.
-func (r *Router) Addr() string { return "127.0.0.1:" + strconv.Itoa(r.Port) }
-
-// Logs is what Router has printed.
-func (r *Router) Logs() string { return r.proc.logs.String() }
 
 const (
 	// the account the members' distributed recovery connects as
@@ -83,25 +68,18 @@ const (
 	checkUser, checkPassword = "gr_check", "gr-check-pw"
 )
 
-// StartGroupReplication starts a group behind Router and returns once
-// every member is ONLINE and Router accepts connections. Everything is
-// killed when t ends.
+// StartGroupReplication starts a group behind its Balancer and returns
+// once every member is ONLINE. Everything is killed when t ends.
 //
 // It runs in the MySQL suite (`make test-mysql`, SuiteKind MySQL) and
 // skips in `make test`, which never needs MySQL's chroot. There, a missing
-// chroot or mysql-router skips t, except under CI=true, where it fails.
+// chroot skips t, except under CI=true, where it fails.
 func StartGroupReplication(t testing.TB, cfg GroupConfig) *Group {
 	t.Helper()
 	if SuiteKind(t) != MySQL {
 		t.Skip("Group Replication is MySQL's: it runs in the MySQL suite (make test-mysql)")
 	}
 	root := mysqlChroot(t)
-	if _, err := os.Stat(filepath.Join(root, "usr/bin/mysqlrouter")); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("mysql-router is required under CI (scripts/mysql.sh installs it): %v", err)
-		}
-		t.Skipf("no mysql-router in MySQL's chroot (scripts/mysql.sh installs it): %v", err)
-	}
 	n := cmp.Or(cfg.Members, 3)
 	g := &Group{root: root}
 	ips := make([]string, n)
@@ -137,7 +115,7 @@ func StartGroupReplication(t testing.TB, cfg GroupConfig) *Group {
 			// started by hand: the first member bootstraps, the others
 			// join, and a killed one rejoins (Rejoin)
 			"--group-replication-start-on-boot=OFF",
-			// the election order is Router's order (see Group)
+			// the election order: member 1, then member 2
 			"--group-replication-member-weight=" + strconv.Itoa(90-20*i),
 			// distributed recovery connects to the donor as a client:
 			// here, by address, and caching_sha2 without TLS needs the
@@ -172,7 +150,6 @@ func StartGroupReplication(t testing.TB, cfg GroupConfig) *Group {
 	if err := g.AwaitOnline(n, 0, 90*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	g.startRouter(t)
 	g.startBalancer(t)
 	return g
 }
@@ -221,7 +198,7 @@ func (g *Group) startBalancer(t testing.TB) {
 				if err == nil && readOnly == 0 {
 					if addr := g.Members[i].addr(); addr != primary {
 						primary = addr
-						g.Balancer.Retarget(addr)
+						g.Balancer.Move(addr)
 					}
 					break
 				}
@@ -346,56 +323,4 @@ func (g *Group) Rejoin(i int, within time.Duration) error {
 		return fmt.Errorf("group member %d rejoining: %w", i, err)
 	}
 	return g.AwaitOnline(len(g.Members), i, within)
-}
-
-// startRouter writes Router's configuration (the members in election
-// order, see Group) and starts it, killed when t ends.
-func (g *Group) startRouter(t testing.TB) {
-	t.Helper()
-	dir, err := os.MkdirTemp(filepath.Join(g.root, "tmp"), "testha-router")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	in := strings.TrimPrefix(dir, filepath.Clean(g.root))
-	dests := make([]string, len(g.Members))
-	for i, s := range g.Members {
-		dests[i] = s.addr()
-	}
-	r := &Router{Port: testkit.FreePort(t)}
-	conf := fmt.Sprintf(`[DEFAULT]
-logging_folder =
-runtime_folder = %[1]s
-data_folder = %[1]s
-
-[logger]
-level = INFO
-
-[routing:primary]
-bind_address = 127.0.0.1
-bind_port = %[2]d
-destinations = %[3]s
-routing_strategy = next-available
-protocol = classic
-# the client's TLS (none here) goes through to the member as it is
-client_ssl_mode = PASSTHROUGH
-`, in, r.Port, strings.Join(dests, ","))
-	if err := os.WriteFile(filepath.Join(dir, "router.conf"), []byte(conf), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	// run as root, which Router refuses unless told to
-	r.proc = newProcess("mysqlrouter", "chroot", g.root, "mysqlrouter", "--user=root", "-c", in+"/router.conf")
-	if err := r.proc.start(); err != nil {
-		t.Fatal(err)
-	}
-	g.Router = r
-	t.Cleanup(func() {
-		r.proc.stop(syscall.SIGKILL, 5*time.Second)
-		if t.Failed() {
-			t.Logf("mysqlrouter:\n%s", r.Logs())
-		}
-	})
-	if !awaitTCP(r.Addr(), 30*time.Second, r.proc.running) {
-		t.Fatalf("mysqlrouter does not accept connections on %s within 30 s:\n%s", r.Addr(), r.Logs())
-	}
 }
