@@ -84,12 +84,16 @@ BENCH_MYSQL_DSN ?= root@tcp(127.0.0.1:3307)/
 # stepcollect's rows on a private three-node Galera cluster too, where
 # galera-4 is installed (.ci/run installs it); BENCH_GALERA= skips them
 BENCH_GALERA ?= $(wildcard /usr/lib/galera/libgalera_smm.so)
+# and on a private three-member MySQL Group Replication group, where
+# scripts/mysql.sh's chroot is (BENCH_GROUP= skips them)
+BENCH_GROUP ?= $(wildcard /var/lib/stepcollect-mysql-chroot/usr/lib/mysql/plugin/group_replication.so)
 # where results.md goes, relative to bench/ (a run of some rows alone:
 # BENCH_FLAGS='-only dropin' BENCH_OUT=../docs/bench/dropin)
 BENCH_OUT ?= ../docs/bench
 bench: bench-build
 	cd bench && $(GO) run ./cmd/bench -bin ../bin/bench -n $(BENCH_N) -out $(BENCH_OUT) \
-		$(if $(BENCH_MYSQL_DSN),-mysql-dsn '$(BENCH_MYSQL_DSN)') $(if $(BENCH_GALERA),-galera) $(BENCH_FLAGS)
+		$(if $(BENCH_MYSQL_DSN),-mysql-dsn '$(BENCH_MYSQL_DSN)') $(if $(BENCH_GALERA),-galera) \
+		$(if $(BENCH_GROUP),-group-replication) $(BENCH_FLAGS)
 
 bench-build:
 	mkdir -p bin/bench

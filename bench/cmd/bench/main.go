@@ -148,6 +148,7 @@ type runner struct {
 	version   string    // the server's SELECT VERSION()
 	mysqlSrv  *dbServer // -mysql-dsn's, or nil
 	galera    *dbServer // -galera's node 0, or nil
+	group     *dbServer // -group-replication's primary, or nil
 	admin     *sql.DB
 	results   []*fanout.Result
 	raw       *os.File
@@ -204,6 +205,9 @@ func startRunner(o *options) *runner {
 	r.addServerConfigs(o)
 	if o.galera {
 		r.addGalera()
+	}
+	if o.group {
+		r.addGroup()
 	}
 	if r.raw, err = os.Create(filepath.Join(o.outDir, "raw.jsonl")); err != nil {
 		die("%v", err)
@@ -262,6 +266,31 @@ func (r *runner) addGalera() {
 
 // settingGalera is the setting on the Galera cluster.
 const settingGalera = "Galera defaults"
+
+// addGroup starts a private three-member MySQL Group Replication group
+// (single primary, MySQL's defaults otherwise: binary log on,
+// sync_binlog=1; each member 2000 connections, 512 MiB, durable commits)
+// and adds its setting: every row's clients on the primary, member 0,
+// whose every commit waits for the group's consensus, and which the two
+// other members apply.
+func (r *runner) addGroup() {
+	progress("starting a private three-member Group Replication group")
+	g, err := testha.RunGroupReplication(3, "--max-connections=2000", "--innodb-buffer-pool-size=512M",
+		"--innodb-redo-log-capacity=512M", "--back-log=4096")
+	if err != nil {
+		die("-group-replication: %v", err)
+	}
+	atExit(g.Stop)
+	srv, err := openMySQL(g.Members[0].DSN())
+	if err != nil {
+		die("-group-replication: %v", err)
+	}
+	r.group = srv
+	configs = append(configs, serverConfig{Name: settingGroup, Pool: 128, on: srv, stepcollectOnly: true})
+}
+
+// settingGroup is the setting on the Group Replication group.
+const settingGroup = "Group Replication defaults"
 
 // runFanOut measures the rows of the fan-out tables: each server setting,
 // N and shape, the floor, each storage and the service.
@@ -349,7 +378,7 @@ func (r *runner) runSideRuns(o *options) sideRuns {
 
 // writeReport writes results.md and the charts, and prints the report.
 func (r *runner) writeReport(o *options, s sideRuns, started time.Time) {
-	md := report(r.results, s, r.version, r.mysqlSrv, r.galera, started, time.Since(started))
+	md := report(r.results, s, r.version, r.mysqlSrv, r.galera, r.group, started, time.Since(started))
 	if err := os.WriteFile(filepath.Join(o.outDir, "results.md"), []byte(md), 0o644); err != nil {
 		die("%v", err)
 	}

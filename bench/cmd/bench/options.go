@@ -22,6 +22,7 @@ type options struct {
 	e2eN, e2eInflight            int
 	mysqlDSN                     string // -mysql-dsn: the fan-out rows on MySQL too
 	galera                       bool   // -galera: stepcollect's fan-out rows on a three-node Galera cluster too
+	group                        bool   // -group-replication: and on a three-member MySQL Group Replication group
 }
 
 // want reports whether -only asks for the row (or run) label.
@@ -99,6 +100,7 @@ func parseFlags() *options {
 	flag.IntVar(&o.e2eN, "e2e-n", 3000, "enrollments of the end-to-end runs against NanoCMD v0.7.1's own server (0 skips them; -only e2e or -only dropin runs one alone)")
 	flag.IntVar(&o.e2eInflight, "e2e-inflight", 64, "enrollments answering at once in the end-to-end run (each answers its commands one after another)")
 	flag.StringVar(&o.mysqlDSN, "mysql-dsn", "", "also run the fan-out rows (floor, NanoCMD, storage, service) on this MySQL server (root DSN, no database), as settings \"MySQL defaults\", \"MySQL stricter\" and \"MySQL binlog\"")
+	flag.BoolVar(&o.group, "group-replication", false, "also run the floor and stepcollect's fan-out rows on a private three-member MySQL Group Replication group (scripts/mysql.sh's chroot), as setting \"Group Replication defaults\": what the consensus costs per result")
 	flag.BoolVar(&o.galera, "galera", false, "also run the floor and stepcollect's fan-out rows on a private three-node MariaDB Galera cluster (galera-4), as setting \"Galera defaults\": what the consensus costs per result")
 	flag.Parse()
 

@@ -45,7 +45,7 @@ func index(results []*fanout.Result) map[key]*fanout.Result {
 	return m
 }
 
-func report(results []*fanout.Result, side sideRuns, version string, mysqlSrv, galera *dbServer, started time.Time, took time.Duration) string {
+func report(results []*fanout.Result, side sideRuns, version string, mysqlSrv, galera, group *dbServer, started time.Time, took time.Duration) string {
 	sus, drains, e2e, large, prof := side.sus, side.drains, side.e2e, side.large, side.prof
 	var b strings.Builder
 	host, _ := os.Hostname()
@@ -62,6 +62,11 @@ func report(results []*fanout.Result, side sideRuns, version string, mysqlSrv, g
 		fmt.Fprintf(&b, "The **Galera defaults** setting ran on a private three-node Galera cluster of MariaDB %s on this same machine (`-galera`; "+
 			"each node max_connections 2000, buffer pool 512 MiB, durable commits, no binary log), the defaults' session settings, every row's "+
 			"clients on node 0: each commit is certified by the group and applied by the two other nodes, which share the same CPUs.\n\n", galera.version)
+	}
+	if group != nil {
+		fmt.Fprintf(&b, "The **Group Replication defaults** setting ran on a private three-member MySQL Group Replication group of MySQL %s in single-primary mode "+
+			"on this same machine (`-group-replication`; each member max_connections 2000, buffer pool 512 MiB, durable commits), every row's clients on the primary: "+
+			"each commit waits for the group's consensus and is applied by the two other members, which share the same CPUs.\n\n", group.version)
 	}
 	b.WriteString("Server settings, applied per session: **defaults** = REPEATABLE READ, lock wait 50 s, pool 128; " +
 		"**stricter** = READ COMMITTED, lock wait 1 s, pool 1000, both without the binary log (sql_log_bin=0); " +
@@ -397,7 +402,8 @@ func drainMarkdown(ds []*drainResult) string {
 func mysqlPools() string {
 	var parts []string
 	for _, c := range configs {
-		if c.on != nil {
+		// the clusters' settings are said in their own sentences
+		if c.on != nil && c.Name != settingGalera && c.Name != settingGroup {
 			parts = append(parts, fmt.Sprintf("%s %d", c.Name, c.Pool))
 		}
 	}

@@ -5,10 +5,13 @@ import (
 	"context"
 	"crypto/rand"
 	"database/sql"
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -79,7 +82,41 @@ func StartGroupReplication(t testing.TB, cfg GroupConfig) *Group {
 	if SuiteKind(t) != MySQL {
 		t.Skip("Group Replication is MySQL's: it runs in the MySQL suite (make test-mysql)")
 	}
-	root := mysqlChroot(t)
+	g, err := newGroup(mysqlChroot(t), cfg, t)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.startBalancer(t)
+	return g
+}
+
+// RunGroupReplication is StartGroupReplication outside a test (the
+// bench's): n members on loopback, each mysqld with args after the
+// group's flags, and no Balancer (member 0 is the primary). The caller
+// stops the members, and removes their files, with Stop.
+func RunGroupReplication(n int, args ...string) (*Group, error) {
+	root := cmp.Or(os.Getenv("STEPCOLLECT_MYSQL_CHROOT"), defaultMySQLChroot)
+	if _, err := os.Stat(root + "/usr/sbin/mysqld"); err != nil {
+		return nil, fmt.Errorf("MySQL's chroot (scripts/mysql.sh makes it, as root): %w", err)
+	}
+	g, err := newGroup(root, GroupConfig{Members: n, Args: args}, nil)
+	if err != nil && g != nil {
+		g.Stop()
+	}
+	return g, err
+}
+
+// Stop kills every member of a group RunGroupReplication started and
+// removes its files.
+func (g *Group) Stop() {
+	for _, m := range g.Members {
+		m.Stop()
+	}
+}
+
+// newGroup starts the members and forms the group, in t (killed and
+// removed when it ends) or, with t nil, for the caller to Stop.
+func newGroup(root string, cfg GroupConfig, t testing.TB) (*Group, error) {
 	n := cmp.Or(cfg.Members, 3)
 	g := &Group{root: root}
 	ips := make([]string, n)
@@ -87,6 +124,9 @@ func StartGroupReplication(t testing.TB, cfg GroupConfig) *Group {
 		ips[i] = "127.0.0.1"
 	}
 	if cfg.Partitionable {
+		if t == nil {
+			return nil, errors.New("group: a partitionable group needs a test")
+		}
 		g.Network = NewNetwork(t, n)
 		for i, h := range g.Network.Hosts() {
 			ips[i] = h.IP
@@ -96,8 +136,15 @@ func StartGroupReplication(t testing.TB, cfg GroupConfig) *Group {
 	seeds := make([]string, n)
 	for i := range n {
 		// free here; in a host of its own nothing else listens
-		ports[i] = testkit.FreePort(t)
-		seeds[i] = ips[i] + ":" + strconv.Itoa(testkit.FreePort(t))
+		p, err := testkit.PickPort()
+		if err == nil {
+			ports[i] = p
+			p, err = testkit.PickPort()
+		}
+		if err != nil {
+			return g, err
+		}
+		seeds[i] = ips[i] + ":" + strconv.Itoa(p)
 	}
 	uuid := make([]byte, 16)
 	rand.Read(uuid)
@@ -122,17 +169,38 @@ func StartGroupReplication(t testing.TB, cfg GroupConfig) *Group {
 			// donor's public key
 			"--report-host=" + ips[i], "--report-port=" + strconv.Itoa(ports[i]),
 			"--group-replication-recovery-get-public-key=ON",
+			// a member starts refusing writes, and the group lifts that
+			// on the primary alone: without it a member restarted after
+			// a crash, not yet in the group, takes writes of its own
+			// (the whole-group reboot found it: the balancer sent the
+			// api to the first member up, which diverged)
+			"--super-read-only=ON",
 		}
-		s := newMySQL(t, root, ports[i], append(args, cfg.Args...))
+		var s *SQLServer
+		if t != nil {
+			s = newMySQL(t, root, ports[i], append(args, cfg.Args...))
+		} else {
+			var err error
+			if s, err = newMySQLAt(root, ports[i], append(args, cfg.Args...)); err != nil {
+				if s != nil {
+					os.RemoveAll(s.dir)
+				}
+				return g, err
+			}
+		}
 		if g.Network != nil {
 			s.onHost(g.Network.Hosts()[i], g.Network)
 		}
-		s.launch()
 		g.Members = append(g.Members, s)
+		if t != nil {
+			s.launch()
+		} else if err := s.open(); err != nil {
+			return g, err
+		}
 	}
 	for i, s := range g.Members {
 		if err := s.prepareMember(); err != nil {
-			t.Fatalf("group member %d: %v", i, err)
+			return g, fmt.Errorf("group member %d: %w", i, err)
 		}
 	}
 	for i, s := range g.Members {
@@ -144,14 +212,10 @@ func StartGroupReplication(t testing.TB, cfg GroupConfig) *Group {
 			err = s.execOnOne("START GROUP_REPLICATION")
 		}
 		if err != nil {
-			t.Fatalf("group member %d: %v", i, err)
+			return g, fmt.Errorf("group member %d: %w", i, err)
 		}
 	}
-	if err := g.AwaitOnline(n, 0, 90*time.Second); err != nil {
-		t.Fatal(err)
-	}
-	g.startBalancer(t)
-	return g
+	return g, g.AwaitOnline(n, 0, 90*time.Second)
 }
 
 // startBalancer starts the Balancer on the primary and its health check,
@@ -207,10 +271,13 @@ func (g *Group) startBalancer(t testing.TB) {
 	}()
 }
 
-// prepareMember creates the recovery account, outside the binary log so
-// that each member has its own, and names it for the recovery channel.
+// prepareMember creates the recovery account and the health check's,
+// outside the binary log so that each member has its own, and names the
+// former for the recovery channel; super_read_only is lifted for that
+// alone.
 func (s *SQLServer) prepareMember() error {
 	return s.execOnOne(
+		"SET GLOBAL super_read_only = OFF",
 		"SET SQL_LOG_BIN = 0",
 		// from any member: on loopback or from a host of its own
 		fmt.Sprintf("CREATE USER '%s'@'%%' IDENTIFIED BY '%s'", recoveryUser, recoveryPassword),
@@ -219,6 +286,7 @@ func (s *SQLServer) prepareMember() error {
 		"SET SQL_LOG_BIN = 1",
 		fmt.Sprintf("CHANGE REPLICATION SOURCE TO SOURCE_USER = '%s', SOURCE_PASSWORD = '%s' FOR CHANNEL 'group_replication_recovery'",
 			recoveryUser, recoveryPassword),
+		"SET GLOBAL super_read_only = ON",
 	)
 }
 
@@ -323,4 +391,84 @@ func (g *Group) Rejoin(i int, within time.Duration) error {
 		return fmt.Errorf("group member %d rejoining: %w", i, err)
 	}
 	return g.AwaitOnline(len(g.Members), i, within)
+}
+
+// KillAll SIGKILLs every member at once: the whole group lost, as a power
+// cut does to a rack.
+func (g *Group) KillAll() {
+	for _, m := range g.Members {
+		m.proc.signal(syscall.SIGKILL)
+	}
+	for _, m := range g.Members {
+		m.Kill() // waits for the exit
+	}
+}
+
+// RestartAll reboots a group whose members were all killed, as its
+// operator must: every member started again (outside the group: it does
+// not start on boot), the one holding every transaction any member has
+// (its gtid_executed with what it had received and not applied, a superset
+// of every other member's) bootstraps the group, and the others join it.
+// It returns the index of the member that bootstrapped, once every member
+// is ONLINE.
+func (g *Group) RestartAll(within time.Duration) (int, error) {
+	// all at once: each one's crash recovery takes seconds
+	errs := make([]error, len(g.Members))
+	var wg sync.WaitGroup
+	for i, m := range g.Members {
+		wg.Go(func() { errs[i] = m.Restart() })
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			return -1, fmt.Errorf("group member %d: %w", i, err)
+		}
+	}
+	sets := make([]string, len(g.Members))
+	for i, m := range g.Members {
+		var executed string
+		var received sql.NullString
+		err := m.Admin.QueryRow("SELECT @@GLOBAL.gtid_executed").Scan(&executed)
+		if err == nil {
+			err = m.Admin.QueryRow(`SELECT received_transaction_set FROM performance_schema.replication_connection_status
+				WHERE channel_name = 'group_replication_applier'`).Scan(&received)
+			if errors.Is(err, sql.ErrNoRows) {
+				err = nil
+			}
+		}
+		if err != nil {
+			return -1, fmt.Errorf("group member %d: reading its GTIDs: %w", i, err)
+		}
+		sets[i] = strings.Trim(executed+","+received.String, ",")
+	}
+	best := -1
+	for i := range sets {
+		all := true
+		for j := range sets {
+			var subset bool
+			if err := g.Members[i].Admin.QueryRow("SELECT GTID_SUBSET(?, ?)", sets[j], sets[i]).Scan(&subset); err != nil {
+				return -1, fmt.Errorf("group member %d: comparing GTID sets: %w", i, err)
+			}
+			all = all && subset
+		}
+		if all {
+			best = i
+			break
+		}
+	}
+	if best < 0 {
+		return -1, fmt.Errorf("group: no member holds every other member's transactions (%q)", sets)
+	}
+	if err := g.Members[best].execOnOne("SET GLOBAL group_replication_bootstrap_group = ON",
+		"START GROUP_REPLICATION", "SET GLOBAL group_replication_bootstrap_group = OFF"); err != nil {
+		return best, fmt.Errorf("group member %d bootstrapping: %w", best, err)
+	}
+	for i, m := range g.Members {
+		if i != best {
+			if err := m.execOnOne("START GROUP_REPLICATION"); err != nil {
+				return best, fmt.Errorf("group member %d joining: %w", i, err)
+			}
+		}
+	}
+	return best, g.AwaitOnline(len(g.Members), best, within)
 }

@@ -1,6 +1,7 @@
 package testha
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -62,13 +63,28 @@ func mysqlChroot(t testing.TB) string {
 // yet started (launch starts it).
 func newMySQL(t testing.TB, root string, port int, extra []string) *SQLServer {
 	t.Helper()
+	s, err := newMySQLAt(root, port, extra)
+	if s != nil {
+		dir := s.dir
+		t.Cleanup(func() { os.RemoveAll(dir) })
+		s.t, s.dir = t, ""
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// newMySQLAt is newMySQL outside a test: the datadir is s.dir, which Stop
+// removes (so does the caller after an error, where s is not nil).
+func newMySQLAt(root string, port int, extra []string) (*SQLServer, error) {
 	// Everything under the chroot's /tmp: mysqld sees dir without the
 	// root prefix, this process with it. Short, for the socket's 108 bytes.
 	dir, err := os.MkdirTemp(filepath.Join(root, "tmp"), "testha-mysql")
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
+	s := &SQLServer{Kind: MySQL, Port: port, errorLog: filepath.Join(dir, "error.log"), dir: dir}
 	in := strings.TrimPrefix(dir, filepath.Clean(root))
 	data := in + "/data"
 	// --initialize-insecure (root@localhost, no password) writes the data
@@ -80,10 +96,9 @@ func newMySQL(t testing.TB, root string, port int, extra []string) *SQLServer {
 		"--skip-log-bin", "--innodb-redo-log-capacity=16M"}
 	if out, err := exec.Command("chroot", initialize...).CombinedOutput(); err != nil {
 		b, _ := os.ReadFile(filepath.Join(dir, "init.log"))
-		t.Fatalf("chroot %v: %v\n%s%s", initialize, err, out, b)
+		return s, fmt.Errorf("chroot %v: %v\n%s%s", initialize, err, out, b)
 	}
 
-	s := &SQLServer{Kind: MySQL, t: t, Port: port, errorLog: filepath.Join(dir, "error.log")}
 	// root@localhost matches only the socket under --skip-name-resolve
 	s.adminNet, s.adminAddr = "unix", filepath.Join(dir, "sock")
 	args := []string{root, "mysqld", "--no-defaults", "--user=root", "--datadir=" + data,
@@ -95,5 +110,5 @@ func newMySQL(t testing.TB, root string, port int, extra []string) *SQLServer {
 		"--innodb-buffer-pool-size=64M", "--innodb-redo-log-capacity=16M"}
 	// chroot execs mysqld: the process's pid is the server's, for Kill
 	s.proc = newProcess("mysqld", "chroot", append(args, extra...)...)
-	return s
+	return s, nil
 }
