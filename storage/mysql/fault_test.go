@@ -14,6 +14,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 
 	"github.com/stepcollect/stepcollect/internal/testkit"
+	"github.com/stepcollect/stepcollect/storage"
 	stepmysql "github.com/stepcollect/stepcollect/storage/mysql"
 )
 
@@ -510,4 +511,40 @@ func aSilentServerCostsOneTry(t *testing.T, multi bool) {
 		t.Errorf("rows left: %+v", c)
 	}
 	fc.checkPath(t, multi)
+}
+
+// Collection's reference check runs outside a transaction, and is bounded
+// all the same: against a silent server it fails within one bound (the
+// collect task is retried), rather than holding a worker until TCP gives
+// up; the next try collects the step.
+func TestASilentServerBoundsTheReferenceCheck(t *testing.T) {
+	t.Parallel()
+	const bound = 300 * time.Millisecond
+	b, fc := setupFaultyPath(t, true, stepmysql.WithAttemptTimeout(bound))
+	b.stored(t, "silentcheck", 1, 1)
+	var stepID int64
+	if err := b.db.DB.QueryRow("SELECT id FROM steps").Scan(&stepID); err != nil {
+		t.Fatal(err)
+	}
+	// unreferenced, as a completion that handed it over leaves it
+	if _, err := b.db.Exec(`DELETE FROM id_commands WHERE step_id = ?`, stepID); err != nil {
+		t.Fatal(err)
+	}
+	// the caller's own limit, far above the bound: what a hang would reach
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	fc.arm(func(fc *faultConnector) { fc.stallBefore = "EXISTS (SELECT 1 FROM id_commands" })
+	began := time.Now()
+	_, err := b.store.Collect(ctx, []storage.ReleasedStep{{ID: stepID, ObservedAt: time.Now()}})
+	took := time.Since(began)
+	if err == nil || fc.stalled != 1 {
+		t.Fatalf("collect against a silent server: %v (%d held); want an error", err, fc.stalled)
+	}
+	if took > 10*time.Second {
+		t.Errorf("collect took %v against a silent server: want about one bound (%v)", took, bound)
+	}
+	res, err := b.store.Collect(ctx, []storage.ReleasedStep{{ID: stepID, ObservedAt: time.Now()}})
+	if err != nil || res[storage.CollectCollected] != 1 {
+		t.Fatalf("collect once the server answers: %v, %v; want it collected", res, err)
+	}
 }
