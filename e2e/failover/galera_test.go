@@ -1,6 +1,7 @@
 package failover
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"net/http"
@@ -396,4 +397,75 @@ func finish(t *testing.T, s *testkit.Stack) {
 	if !t.Failed() {
 		s.Stop(t)
 	}
+}
+
+// The node the api writes through freezes in the middle of the results
+// (SIGSTOP, as a paused VM or a stalled host does): its connections stay
+// open and nothing answers on them, so the api's transactions on it wait
+// in silence rather than fail, which is how a node cut off the network
+// looks to its clients. The balancer in front checks each node with a
+// MySQL ping bounded at 1 s, as HAProxy's mysql-check does (a TCP connect
+// alone succeeds on a frozen server: the kernel accepts it), moves to node
+// 2 and closes the sessions it had sent to node 0. The two nodes left
+// evict node 0 after evs.suspect_timeout and keep the quorum.
+//
+// Every webhook answers 200 or 503 within the client's 60 s (a try on the
+// frozen node is given up after -mysql-try-timeout, 10 s, and run again
+// through the balancer); every 200 is committed (read back row by row on
+// node 1), none half-written; the 503s sent again are answered 200; within
+// 15 s of the move every step is collected and every event delivered; node
+// 0, thawed, finds itself evicted, rejoins and catches up.
+func TestGaleraTheAPIsNodeFrozenInTheMiddleOfAFanOut(t *testing.T) {
+	g := testha.StartGalera(t, 3)
+	node0 := fmt.Sprintf("127.0.0.1:%d", g.Nodes[0].Port)
+	lb := tcpproxy.Start(t, node0)
+	s, dbName := galeraStack(t, g, lb.Addr, 1, 1)
+	s.Client.WithTimeout(60 * time.Second)
+	const name = "Galera: the api's node (0 of 3) frozen"
+
+	r := s.EnqueueRound(t, "GF", enrollments())
+	began := time.Now()
+	done := s.Stream(r.Results(), 4*time.Second, 32)
+	time.Sleep(time.Until(began.Add(1500 * time.Millisecond)))
+	g.Nodes[0].Freeze()
+	frozenAt := time.Now()
+	t.Cleanup(g.Nodes[0].Thaw) // a frozen process ignores the SIGKILL's wait otherwise
+	// the balancer's health check: a MySQL ping every 250 ms, 1 s at most
+	for {
+		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+		err := g.Nodes[0].Admin.PingContext(ctx)
+		cancel()
+		if err != nil {
+			break
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	lb.Move(fmt.Sprintf("127.0.0.1:%d", g.Nodes[2].Port))
+	movedAt := time.Now()
+	answers := <-done
+
+	tl := tallyAnswers(t, name, answers, frozenAt)
+	var slowest time.Duration
+	for _, a := range answers {
+		slowest = max(slowest, a.Took())
+	}
+	checkNothingHalfWritten(t, s, name, answers, frozenAt)
+	resent, rounds := len(tl.again), sendAgain(t, s, name, tl.again, movedAt)
+	st := s.AwaitSettled(t, movedAt, name, func() { s.Explain(t, movedAt, nil) })
+	s.CheckReceiver(t)
+
+	g.Nodes[0].Thaw()
+	thawedAt := time.Now()
+	testkit.WaitUntil(t, 90*time.Second, "the thawed node back in the cluster, caught up, without step rows", func() (bool, any) {
+		state := g.Nodes[0].Status("wsrep_local_state_comment")
+		size := g.Nodes[1].Status("wsrep_cluster_size")
+		var steps int
+		err := g.Nodes[0].Admin.QueryRow("SELECT COUNT(*) FROM " + dbName + ".steps").Scan(&steps)
+		return state == "Synced" && size == "3" && err == nil && steps == 0, fmt.Sprintf("%s, cluster size %s, %d steps, %v", state, size, steps, err)
+	})
+	t.Logf("FAILOVER %s: %s, the slowest answered after %v; the balancer moved %v after the freeze, the first 200 sent after the freeze came %s after it; "+
+		"%d sent again in %d rounds; %s (from the move); thawed, node 0 Synced again after %v",
+		name, tl, slowest.Round(time.Millisecond), movedAt.Sub(frozenAt).Round(time.Millisecond), tl.first(frozenAt),
+		resent, rounds, st, time.Since(thawedAt).Round(time.Millisecond))
+	finish(t, s)
 }

@@ -188,6 +188,15 @@ func (s *SQLServer) start() error {
 // goodbye to its clients, InnoDB's crash recovery on the next start.
 func (s *SQLServer) Kill() { s.proc.stop(syscall.SIGKILL, 10*time.Second) }
 
+// Freeze stops the server's process (SIGSTOP), as a paused VM or a
+// stalled host does: its connections stay open and nothing answers on
+// them, new connections are accepted by the kernel and never greeted.
+// Thaw resumes it.
+func (s *SQLServer) Freeze() { s.proc.signal(syscall.SIGSTOP) }
+
+// Thaw resumes a frozen server (SIGCONT).
+func (s *SQLServer) Thaw() { s.proc.signal(syscall.SIGCONT) }
+
 // Restart starts a killed server again, on the same port, datadir and
 // flags, and returns once root's pool answers.
 func (s *SQLServer) Restart() error {
