@@ -2,6 +2,7 @@ package failover
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"net"
 	"net/http"
@@ -95,10 +96,10 @@ func galeraStack(t *testing.T, g *testha.Galera, apiAddr string, worker, view in
 		if err != nil {
 			t.Fatal(err)
 		}
-		cfg.Addr = addr
+		cfg.Net, cfg.Addr = "tcp", addr
 		return cfg.FormatDSN(), cfg
 	}
-	rootDSN, _ = on(rootDSN, fmt.Sprintf("127.0.0.1:%d", g.Nodes[view].Port))
+	rootDSN, _ = on(rootDSN, g.Nodes[view].Addr())
 	// the test's own view reads causally too (OpenDB), or it could read
 	// what its node has not applied yet
 	root, err := stepmysql.OpenDB(rootDSN)
@@ -107,7 +108,7 @@ func galeraStack(t *testing.T, g *testha.Galera, apiAddr string, worker, view in
 	}
 	t.Cleanup(func() { root.Close() })
 	apiDSN, cfg := on(appDSN, apiAddr)
-	workerDSN, _ := on(appDSN, fmt.Sprintf("127.0.0.1:%d", g.Nodes[worker].Port))
+	workerDSN, _ := on(appDSN, g.Nodes[worker].Addr())
 	rs := testkit.StartRedis(t)
 	s := testkit.StartStack(t, testkit.StackConfig{DSN: apiDSN, RedisURL: rs.URL, DB: root, APIKey: apiKey,
 		Receiver: &testkit.ReceiverOptions{CompletionsOnly: true}, WorkerArgs: []string{"-mysql-dsn", workerDSN}})
@@ -467,5 +468,92 @@ func TestGaleraTheAPIsNodeFrozenInTheMiddleOfAFanOut(t *testing.T) {
 		"%d sent again in %d rounds; %s (from the move); thawed, node 0 Synced again after %v",
 		name, tl, slowest.Round(time.Millisecond), movedAt.Sub(frozenAt).Round(time.Millisecond), tl.first(frozenAt),
 		resent, rounds, st, time.Since(thawedAt).Round(time.Millisecond))
+	finish(t, s)
+}
+
+// The host of the node the api writes through is cut off the network in
+// the middle of the results: every packet to and from it dropped, its
+// connections silent (each node in a network namespace of its own,
+// testha.StartGaleraOnNetwork). The balancer in front checks each node
+// with a MySQL ping over the network bounded at 1 s, moves to node 2 and
+// closes the sessions it had sent to node 0. The two nodes left evict node
+// 0 after evs.suspect_timeout and keep the quorum; node 0, alone, leaves
+// the primary component.
+//
+// Every webhook answers 200 or 503 within the client's 60 s; every 200 is
+// committed (read back row by row on node 1), none half-written; the 503s
+// sent again are answered 200; within 15 s of the move every step is
+// collected and every event delivered; node 0, healed, rejoins the
+// cluster by itself and catches up.
+func TestGaleraTheAPIsNodeCutOffInTheMiddleOfAFanOut(t *testing.T) {
+	g := testha.StartGaleraOnNetwork(t, 3)
+	lb := tcpproxy.Start(t, g.Nodes[0].Addr())
+	s, dbName := galeraStack(t, g, lb.Addr, 1, 1)
+	s.Client.WithTimeout(60 * time.Second)
+	const name = "Galera: the api's node (0 of 3) cut off the network"
+	check := mysql.NewConfig()
+	check.User, check.Net, check.Addr = "root", "tcp", g.Nodes[0].Addr()
+	check.Timeout, check.ReadTimeout = time.Second, time.Second
+	probe, err := sql.Open("mysql", check.FormatDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer probe.Close()
+	probe.SetMaxIdleConns(0) // a connection of its own for each check, as a balancer's
+	if err := probe.Ping(); err != nil {
+		t.Fatalf("the balancer's check of node 0 before the cut: %v", err)
+	}
+
+	r := s.EnqueueRound(t, "GC", enrollments())
+	began := time.Now()
+	done := s.Stream(r.Results(), 4*time.Second, 32)
+	time.Sleep(time.Until(began.Add(1500 * time.Millisecond)))
+	if err := g.Network.Hosts()[0].Cut(); err != nil {
+		t.Fatal(err)
+	}
+	cutAt := time.Now()
+	// the balancer's health check: a MySQL ping every 250 ms, 1 s at most
+	for {
+		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+		err := probe.PingContext(ctx)
+		cancel()
+		if err != nil {
+			break
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	lb.Move(g.Nodes[2].Addr())
+	movedAt := time.Now()
+	answers := <-done
+	testkit.WaitUntil(t, 30*time.Second, "node 0, cut off, out of the primary component", func() (bool, any) {
+		st := g.Nodes[0].Status("wsrep_cluster_status")
+		return st != "" && st != "Primary", st
+	})
+
+	tl := tallyAnswers(t, name, answers, cutAt)
+	var slowest time.Duration
+	for _, a := range answers {
+		slowest = max(slowest, a.Took())
+	}
+	checkNothingHalfWritten(t, s, name, answers, cutAt)
+	resent, rounds := len(tl.again), sendAgain(t, s, name, tl.again, movedAt)
+	st := s.AwaitSettled(t, movedAt, name, func() { s.Explain(t, movedAt, nil) })
+	s.CheckReceiver(t)
+
+	if err := g.Network.Hosts()[0].Heal(); err != nil {
+		t.Fatal(err)
+	}
+	healedAt := time.Now()
+	testkit.WaitUntil(t, 90*time.Second, "the healed node back in the cluster, caught up, without step rows", func() (bool, any) {
+		state := g.Nodes[0].Status("wsrep_local_state_comment")
+		size := g.Nodes[1].Status("wsrep_cluster_size")
+		var steps int
+		err := g.Nodes[0].Admin.QueryRow("SELECT COUNT(*) FROM " + dbName + ".steps").Scan(&steps)
+		return state == "Synced" && size == "3" && err == nil && steps == 0, fmt.Sprintf("%s, cluster size %s, %d steps, %v", state, size, steps, err)
+	})
+	t.Logf("FAILOVER %s: %s, the slowest answered after %v; the balancer moved %v after the cut, the first 200 sent after the cut came %s after it; "+
+		"%d sent again in %d rounds; %s (from the move); healed, node 0 Synced again after %v",
+		name, tl, slowest.Round(time.Millisecond), movedAt.Sub(cutAt).Round(time.Millisecond), tl.first(cutAt),
+		resent, rounds, st, time.Since(healedAt).Round(time.Millisecond))
 	finish(t, s)
 }

@@ -24,6 +24,9 @@ const galeraProvider = "/usr/lib/galera/libgalera_smm.so"
 // communication port (gmcast) and the incremental state transfer port.
 type Galera struct {
 	Nodes []*SQLServer
+	// Network is the nodes' network (StartGaleraOnNetwork), nil on
+	// loopback.
+	Network *Network
 }
 
 // StartGalera starts an n-node cluster and returns once every node is
@@ -44,7 +47,36 @@ func StartGalera(t testing.TB, n int) *Galera {
 		}
 		t.Skipf("no galera-4 (%v)", err)
 	}
-	g, err := newGalera(n, MariaDBConfig{}, t)
+	g, err := newGalera(n, MariaDBConfig{}, t, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g
+}
+
+// StartGaleraOnNetwork is StartGalera with each node in a host of its own
+// on a private Network (g.Network), so that a test can cut one off
+// (Host.Cut): it listens on its host's address, and root may connect from
+// the network (root@'10.201.%'), as the joiners' state transfer and a
+// balancer's check do; the test's own pool on each node is on its socket,
+// which a cut leaves reachable.
+func StartGaleraOnNetwork(t testing.TB, n int) *Galera {
+	t.Helper()
+	testkit.RequireBinary(t, "mariadbd", "mariadb-install-db", "mysqldump")
+	if SuiteKind(t) != MariaDB {
+		t.Skip("Galera is MariaDB's: it runs in the MariaDB suite (make test)")
+	}
+	if err := GaleraAvailable(); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("galera-4 is required under CI: %v", err)
+		}
+		t.Skipf("no galera-4 (%v)", err)
+	}
+	nw := NewNetwork(t, n)
+	// mariadb-install-db runs it with --skip-grant-tables, where CREATE
+	// USER is refused: the row, as the install writes root's own
+	g, err := newGalera(n, MariaDBConfig{InitSQL: `INSERT INTO mysql.global_priv (Host, User, Priv) ` +
+		`VALUES ('10.201.%', 'root', '{"access":18446744073709551615}');` + "\n"}, t, nw)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,7 +97,7 @@ func RunGalera(n int, cfg MariaDBConfig) (*Galera, error) {
 	if err := GaleraAvailable(); err != nil {
 		return nil, err
 	}
-	return newGalera(n, cfg, nil)
+	return newGalera(n, cfg, nil, nil)
 }
 
 // Stop kills every node of a cluster RunGalera started and removes its
@@ -78,7 +110,14 @@ func (g *Galera) Stop() {
 
 // newGalera starts the nodes, in t (killed and removed when it ends) or,
 // with t nil, for the caller to Stop.
-func newGalera(n int, cfg MariaDBConfig, t testing.TB) (*Galera, error) {
+func newGalera(n int, cfg MariaDBConfig, t testing.TB, nw *Network) (*Galera, error) {
+	ips := make([]string, n)
+	for i := range ips {
+		ips[i] = "127.0.0.1"
+		if nw != nil {
+			ips[i] = nw.Hosts()[i].IP
+		}
+	}
 	ports := make([]int, n)
 	var peers []string
 	for i := range n {
@@ -90,9 +129,9 @@ func newGalera(n int, cfg MariaDBConfig, t testing.TB) (*Galera, error) {
 		if err != nil {
 			return nil, err
 		}
-		peers = append(peers, "127.0.0.1:"+strconv.Itoa(gcomm))
+		peers = append(peers, ips[i]+":"+strconv.Itoa(gcomm))
 	}
-	g := &Galera{}
+	g := &Galera{Network: nw}
 	fail := func(err error) (*Galera, error) {
 		if t == nil {
 			g.Stop()
@@ -115,8 +154,8 @@ func newGalera(n int, cfg MariaDBConfig, t testing.TB) (*Galera, error) {
 			"--wsrep-on=ON", "--wsrep-provider="+galeraProvider,
 			"--wsrep-cluster-name=stepcollect-test", "--wsrep-cluster-address=gcomm://"+strings.Join(peers, ","),
 			"--wsrep-node-address="+peers[i],
-			fmt.Sprintf("--wsrep-provider-options=gmcast.listen_addr=tcp://%s;ist.recv_addr=127.0.0.1:%d", peers[i], ist),
-			"--wsrep-sst-method=mysqldump", "--wsrep-sst-auth=root:", fmt.Sprintf("--wsrep-sst-receive-address=127.0.0.1:%d", ports[i]),
+			fmt.Sprintf("--wsrep-provider-options=gmcast.listen_addr=tcp://%s;ist.recv_addr=%s:%d", peers[i], ips[i], ist),
+			"--wsrep-sst-method=mysqldump", "--wsrep-sst-auth=root:", fmt.Sprintf("--wsrep-sst-receive-address=%s:%d", ips[i], ports[i]),
 			// what Galera requires of every node
 			"--binlog-format=ROW", "--innodb-autoinc-lock-mode=2",
 		)
@@ -129,6 +168,11 @@ func newGalera(n int, cfg MariaDBConfig, t testing.TB) (*Galera, error) {
 		if err != nil {
 			os.RemoveAll(dir)
 			return fail(err)
+		}
+		if nw != nil {
+			s.onHost(nw.Hosts()[i], nw)
+			// root's pool on the socket: a cut leaves it reachable
+			s.adminNet, s.adminAddr = "unix", filepath.Join(dir, "sock")
 		}
 		if t != nil {
 			s.t = t

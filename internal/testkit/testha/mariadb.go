@@ -28,6 +28,9 @@ type MariaDBConfig struct {
 	LogBin bool
 	// Args are more mariadbd options, after the others.
 	Args []string
+	// InitSQL runs once, when the datadir is installed (mariadb-install-db
+	// --extra-file): accounts the server must have before it starts.
+	InitSQL string
 }
 
 // StartMariaDB installs a datadir (mariadb-install-db) and starts the
@@ -87,6 +90,13 @@ func newMariaDB(dir string, port int, cfg MariaDBConfig) (*SQLServer, error) {
 	// '/tmp/#sql-temptable-…'"), as three Galera nodes' installs did
 	install := append(append([]string{"--no-defaults"}, user...), "--datadir="+data, "--tmpdir="+dir,
 		"--auth-root-authentication-method=normal", "--skip-test-db")
+	if cfg.InitSQL != "" {
+		f := filepath.Join(dir, "init.sql")
+		if err := os.WriteFile(f, []byte(cfg.InitSQL), 0o600); err != nil {
+			return nil, err
+		}
+		install = append(install, "--extra-file="+f)
+	}
 	if out, err := exec.Command("mariadb-install-db", install...).CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("mariadb-install-db %v: %v\n%s", install, err, out)
 	}

@@ -95,6 +95,10 @@ func (s *SQLServer) addr() string {
 	return fmt.Sprintf("%s:%d", ip, s.Port)
 }
 
+// Addr is the server's TCP address: 127.0.0.1, or its host's address on
+// a Network.
+func (s *SQLServer) Addr() string { return s.addr() }
+
 // Host is the network namespace the server runs in (nil on loopback).
 func (s *SQLServer) Host() *Host { return s.host }
 
