@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strconv"
 	"testing"
 	"time"
 
@@ -71,12 +72,7 @@ func TestGaleraNodeKilledInTheMiddleOfAFanOut(t *testing.T) {
 	if err := g.Nodes[2].Restart(); err != nil {
 		t.Fatal(err)
 	}
-	testkit.WaitUntil(t, 60*time.Second, "the restarted node caught up, without step rows", func() (bool, any) {
-		state := g.Nodes[2].Status("wsrep_local_state_comment")
-		var steps int
-		err := g.Nodes[2].Admin.QueryRow("SELECT COUNT(*) FROM " + dbName + ".steps").Scan(&steps)
-		return state == "Synced" && err == nil && steps == 0, fmt.Sprintf("%s, %d steps, %v", state, steps, err)
-	})
+	awaitCaughtUp(t, g, 2, dbName)
 	t.Logf("FAILOVER %s: %d results, %d sent after the kill, %d not 200; %s (from the last answer)", name, len(answers), afterKill, bad, st)
 	s.StillRunning(t)
 	if !t.Failed() {
@@ -185,12 +181,7 @@ func TestGaleraTheAPIsNodeKilledInTheMiddleOfAFanOut(t *testing.T) {
 	if err := g.Nodes[0].Restart(); err != nil {
 		t.Fatal(err)
 	}
-	testkit.WaitUntil(t, 60*time.Second, "the restarted node caught up, without step rows", func() (bool, any) {
-		state := g.Nodes[0].Status("wsrep_local_state_comment")
-		var steps int
-		err := g.Nodes[0].Admin.QueryRow("SELECT COUNT(*) FROM " + dbName + ".steps").Scan(&steps)
-		return state == "Synced" && err == nil && steps == 0, fmt.Sprintf("%s, %d steps, %v", state, steps, err)
-	})
+	awaitCaughtUp(t, g, 0, dbName)
 	t.Logf("FAILOVER %s: %s; the balancer moved %v after the kill, the first 200 sent after the kill came %s after it; "+
 		"%d sent again in %d rounds; %s (from the move)",
 		name, tl, movedAt.Sub(killedAt).Round(time.Millisecond), tl.first(killedAt), resent, rounds, st)
@@ -351,12 +342,14 @@ type tally struct {
 	results, ok, unavailable, other int
 	again                           []testkit.Result
 	firstOK                         time.Time
+	slowest                         time.Duration // the longest any webhook took to be answered
 }
 
 func tallyAnswers(t *testing.T, name string, answers []testkit.Answer, fault time.Time) tally {
 	t.Helper()
 	tl := tally{results: len(answers)}
 	for _, a := range answers {
+		tl.slowest = max(tl.slowest, a.Took())
 		switch {
 		case a.Err == nil && a.Status == http.StatusOK:
 			tl.ok++
@@ -418,57 +411,10 @@ func finish(t *testing.T, s *testkit.Stack) {
 // 0, thawed, finds itself evicted, rejoins and catches up.
 func TestGaleraTheAPIsNodeFrozenInTheMiddleOfAFanOut(t *testing.T) {
 	g := testha.StartGalera(t, 3)
-	node0 := fmt.Sprintf("127.0.0.1:%d", g.Nodes[0].Port)
-	lb := tcpproxy.Start(t, node0)
-	s, dbName := galeraStack(t, g, lb.Addr, 1, 1)
-	s.Client.WithTimeout(60 * time.Second)
-	const name = "Galera: the api's node (0 of 3) frozen"
-
-	r := s.EnqueueRound(t, "GF", enrollments())
-	began := time.Now()
-	done := s.Stream(r.Results(), 4*time.Second, 32)
-	time.Sleep(time.Until(began.Add(1500 * time.Millisecond)))
-	g.Nodes[0].Freeze()
-	frozenAt := time.Now()
 	t.Cleanup(g.Nodes[0].Thaw) // a frozen process ignores the SIGKILL's wait otherwise
-	// the balancer's health check: a MySQL ping every 250 ms, 1 s at most
-	for {
-		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
-		err := g.Nodes[0].Admin.PingContext(ctx)
-		cancel()
-		if err != nil {
-			break
-		}
-		time.Sleep(250 * time.Millisecond)
-	}
-	lb.Move(fmt.Sprintf("127.0.0.1:%d", g.Nodes[2].Port))
-	movedAt := time.Now()
-	answers := <-done
-
-	tl := tallyAnswers(t, name, answers, frozenAt)
-	var slowest time.Duration
-	for _, a := range answers {
-		slowest = max(slowest, a.Took())
-	}
-	checkNothingHalfWritten(t, s, name, answers, frozenAt)
-	resent, rounds := len(tl.again), sendAgain(t, s, name, tl.again, movedAt)
-	st := s.AwaitSettled(t, movedAt, name, func() { s.Explain(t, movedAt, nil) })
-	s.CheckReceiver(t)
-
-	g.Nodes[0].Thaw()
-	thawedAt := time.Now()
-	testkit.WaitUntil(t, 90*time.Second, "the thawed node back in the cluster, caught up, without step rows", func() (bool, any) {
-		state := g.Nodes[0].Status("wsrep_local_state_comment")
-		size := g.Nodes[1].Status("wsrep_cluster_size")
-		var steps int
-		err := g.Nodes[0].Admin.QueryRow("SELECT COUNT(*) FROM " + dbName + ".steps").Scan(&steps)
-		return state == "Synced" && size == "3" && err == nil && steps == 0, fmt.Sprintf("%s, cluster size %s, %d steps, %v", state, size, steps, err)
-	})
-	t.Logf("FAILOVER %s: %s, the slowest answered after %v; the balancer moved %v after the freeze, the first 200 sent after the freeze came %s after it; "+
-		"%d sent again in %d rounds; %s (from the move); thawed, node 0 Synced again after %v",
-		name, tl, slowest.Round(time.Millisecond), movedAt.Sub(frozenAt).Round(time.Millisecond), tl.first(frozenAt),
-		resent, rounds, st, time.Since(thawedAt).Round(time.Millisecond))
-	finish(t, s)
+	silentNodeRound(t, g, "Galera: the api's node (0 of 3) frozen", "GF", g.Nodes[0].Admin,
+		func() error { g.Nodes[0].Freeze(); return nil },
+		func() error { g.Nodes[0].Thaw(); return nil }, nil)
 }
 
 // The host of the node the api writes through is cut off the network in
@@ -487,10 +433,8 @@ func TestGaleraTheAPIsNodeFrozenInTheMiddleOfAFanOut(t *testing.T) {
 // cluster by itself and catches up.
 func TestGaleraTheAPIsNodeCutOffInTheMiddleOfAFanOut(t *testing.T) {
 	g := testha.StartGaleraOnNetwork(t, 3)
-	lb := tcpproxy.Start(t, g.Nodes[0].Addr())
-	s, dbName := galeraStack(t, g, lb.Addr, 1, 1)
-	s.Client.WithTimeout(60 * time.Second)
-	const name = "Galera: the api's node (0 of 3) cut off the network"
+	// the balancer's check goes over the network: the test's own pool is
+	// on the socket, which the cut leaves reachable
 	check := mysql.NewConfig()
 	check.User, check.Net, check.Addr = "root", "tcp", g.Nodes[0].Addr()
 	check.Timeout, check.ReadTimeout = time.Second, time.Second
@@ -503,16 +447,36 @@ func TestGaleraTheAPIsNodeCutOffInTheMiddleOfAFanOut(t *testing.T) {
 	if err := probe.Ping(); err != nil {
 		t.Fatalf("the balancer's check of node 0 before the cut: %v", err)
 	}
+	host := g.Network.Hosts()[0]
+	silentNodeRound(t, g, "Galera: the api's node (0 of 3) cut off the network", "GC", probe, host.Cut, host.Heal, func() {
+		// alone, it knows it has no quorum (asked on its socket)
+		testkit.WaitUntil(t, 30*time.Second, "node 0, cut off, out of the primary component", func() (bool, any) {
+			st := g.Nodes[0].Status("wsrep_cluster_status")
+			return st != "" && st != "Primary", st
+		})
+	})
+}
 
-	r := s.EnqueueRound(t, "GC", enrollments())
+// silentNodeRound is the body of the tests above: the api through a
+// balancer on node 0, the worker and the test's view on node 1; node 0
+// silenced 1.5 s into the results; the balancer's check (a ping on probe
+// every 250 ms, bounded at 1 s) failing, it moves to node 2 and closes the
+// sessions it had sent to node 0; then what the tests promise is checked,
+// whileSilent (if any) runs, node 0 is restored, and it must catch up.
+func silentNodeRound(t *testing.T, g *testha.Galera, name, prefix string, probe *sql.DB, silence, restore func() error, whileSilent func()) {
+	t.Helper()
+	lb := tcpproxy.Start(t, g.Nodes[0].Addr())
+	s, dbName := galeraStack(t, g, lb.Addr, 1, 1)
+	s.Client.WithTimeout(60 * time.Second)
+
+	r := s.EnqueueRound(t, prefix, enrollments())
 	began := time.Now()
 	done := s.Stream(r.Results(), 4*time.Second, 32)
 	time.Sleep(time.Until(began.Add(1500 * time.Millisecond)))
-	if err := g.Network.Hosts()[0].Cut(); err != nil {
+	if err := silence(); err != nil {
 		t.Fatal(err)
 	}
-	cutAt := time.Now()
-	// the balancer's health check: a MySQL ping every 250 ms, 1 s at most
+	silencedAt := time.Now()
 	for {
 		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
 		err := probe.PingContext(ctx)
@@ -525,35 +489,43 @@ func TestGaleraTheAPIsNodeCutOffInTheMiddleOfAFanOut(t *testing.T) {
 	lb.Move(g.Nodes[2].Addr())
 	movedAt := time.Now()
 	answers := <-done
-	testkit.WaitUntil(t, 30*time.Second, "node 0, cut off, out of the primary component", func() (bool, any) {
-		st := g.Nodes[0].Status("wsrep_cluster_status")
-		return st != "" && st != "Primary", st
+	testkit.WaitUntil(t, 30*time.Second, "node 1 in a cluster of two, node 0 evicted", func() (bool, any) {
+		size := g.Nodes[1].Status("wsrep_cluster_size")
+		return size == "2", size
 	})
 
-	tl := tallyAnswers(t, name, answers, cutAt)
-	var slowest time.Duration
-	for _, a := range answers {
-		slowest = max(slowest, a.Took())
-	}
-	checkNothingHalfWritten(t, s, name, answers, cutAt)
+	tl := tallyAnswers(t, name, answers, silencedAt)
+	checkNothingHalfWritten(t, s, name, answers, silencedAt)
 	resent, rounds := len(tl.again), sendAgain(t, s, name, tl.again, movedAt)
 	st := s.AwaitSettled(t, movedAt, name, func() { s.Explain(t, movedAt, nil) })
 	s.CheckReceiver(t)
+	if whileSilent != nil {
+		whileSilent()
+	}
 
-	if err := g.Network.Hosts()[0].Heal(); err != nil {
+	if err := restore(); err != nil {
 		t.Fatal(err)
 	}
-	healedAt := time.Now()
-	testkit.WaitUntil(t, 90*time.Second, "the healed node back in the cluster, caught up, without step rows", func() (bool, any) {
-		state := g.Nodes[0].Status("wsrep_local_state_comment")
-		size := g.Nodes[1].Status("wsrep_cluster_size")
-		var steps int
-		err := g.Nodes[0].Admin.QueryRow("SELECT COUNT(*) FROM " + dbName + ".steps").Scan(&steps)
-		return state == "Synced" && size == "3" && err == nil && steps == 0, fmt.Sprintf("%s, cluster size %s, %d steps, %v", state, size, steps, err)
-	})
-	t.Logf("FAILOVER %s: %s, the slowest answered after %v; the balancer moved %v after the cut, the first 200 sent after the cut came %s after it; "+
-		"%d sent again in %d rounds; %s (from the move); healed, node 0 Synced again after %v",
-		name, tl, slowest.Round(time.Millisecond), movedAt.Sub(cutAt).Round(time.Millisecond), tl.first(cutAt),
-		resent, rounds, st, time.Since(healedAt).Round(time.Millisecond))
+	back := awaitCaughtUp(t, g, 0, dbName)
+	t.Logf("FAILOVER %s: %s, the slowest answered after %v; the balancer moved %v after the fault, the first 200 sent after it came %s after it; "+
+		"%d sent again in %d rounds; %s (from the move); restored, node 0 Synced again after %v",
+		name, tl, tl.slowest.Round(time.Millisecond), movedAt.Sub(silencedAt).Round(time.Millisecond), tl.first(silencedAt),
+		resent, rounds, st, back.Round(time.Millisecond))
 	finish(t, s)
+}
+
+// awaitCaughtUp waits until node i, restarted, thawed or healed, is
+// Synced in a cluster of every node again and holds no step row of
+// dbName, and returns how long that took.
+func awaitCaughtUp(t *testing.T, g *testha.Galera, i int, dbName string) time.Duration {
+	t.Helper()
+	other := (i + 1) % len(g.Nodes)
+	return testkit.WaitUntil(t, 90*time.Second, fmt.Sprintf("node %d back in the cluster, caught up, without step rows", i), func() (bool, any) {
+		state := g.Nodes[i].Status("wsrep_local_state_comment")
+		size := g.Nodes[other].Status("wsrep_cluster_size")
+		var steps int
+		err := g.Nodes[i].Admin.QueryRow("SELECT COUNT(*) FROM " + dbName + ".steps").Scan(&steps)
+		return state == "Synced" && size == strconv.Itoa(len(g.Nodes)) && err == nil && steps == 0,
+			fmt.Sprintf("%s, cluster size %s, %d steps, %v", state, size, steps, err)
+	})
 }
