@@ -105,6 +105,9 @@ func (ct *connTx) write(_ context.Context, what, query string, args ...any) erro
 // a.ambiguousCommit is set, and the next try settles by evidence whether
 // this one committed.
 func (ct *connTx) commit(ctx context.Context, a *attempt) error {
+	if ct.ended {
+		return nil // committed in one round trip (onetrip.go)
+	}
 	q := ct.begin(strings.Join(append(ct.stmts, "COMMIT"), "; "))
 	if _, err := ct.conn.ExecContext(ctx, q, ct.args...); err != nil {
 		if commitUnanswered(ctx, err) {

@@ -2,3 +2,25 @@ package mysql
 
 // TwoTrips says whether s runs completions in two round trips (conntx.go).
 func TwoTrips(s *Storage) bool { return s.twoTrips }
+
+// OneTrips says how many of s's completions committed in one round trip
+// (onetrip.go), and how many its guard sent to the second.
+func OneTrips(s *Storage) (committed, refused int64) {
+	return s.hints.committed.Load(), s.hints.refused.Load()
+}
+
+// NoPredictions turns s's one-round-trip completions off.
+func NoPredictions(s *Storage) { s.hints.off = true }
+
+// PredictedDelete is the delete a completion predicted to find own
+// outstanding and others stored sends first (onetrip.go), with its
+// arguments (the others' results hashed as empty).
+func PredictedDelete(id, own string, stepID int64, others []string) (string, []any) {
+	q := qDeletePredicted + qDeletePredictedOutstanding
+	args := []any{id, own, stepID}
+	for _, o := range others {
+		q += " OR " + qDeletePredictedStored
+		args = append(args, id, o, stepID, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855")
+	}
+	return q, args
+}

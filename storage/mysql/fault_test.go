@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"database/sql/driver"
 	"errors"
+	nanostorage "github.com/micromdm/nanocmd/engine/storage"
 	"io"
 	"strings"
 	"sync"
@@ -51,8 +52,10 @@ type faultConnector struct {
 	dropped      int
 	refused      int
 	// twoTrips counts the COMMITs sent at the end of a multi-statement
-	// query (a completion in two round trips) rather than by Tx.Commit.
+	// query rather than by Tx.Commit; oneTrips those of them in a query
+	// that also began the transaction (a completion in one round trip).
 	twoTrips int
+	oneTrips int
 	// A server gone silent (cut off the network, or a Group Replication
 	// primary without its majority): stallBefore holds the next statement
 	// containing it without running it, stallCommits holds that many
@@ -219,6 +222,9 @@ func (f *faultConn) ExecContext(ctx context.Context, query string, args []driver
 	between, fault := f.c.takeCommitFault()
 	f.c.mu.Lock()
 	f.c.twoTrips++
+	if strings.HasPrefix(query, "START TRANSACTION;") {
+		f.c.oneTrips++
+	}
 	f.c.mu.Unlock()
 	switch {
 	case errors.Is(fault, mysql.ErrInvalidConn):
@@ -335,61 +341,99 @@ func (c *faultConnector) takeCommitFault() (func(), error) {
 	return c.betweenTries, fault
 }
 
-// completionPaths are the two ways a completion runs, each to be faulted:
+// completionPaths are the ways a completion runs, each to be faulted:
 // database/sql's transaction (a pool without multiStatements, as WithDB may
-// give) and two round trips (OpenDB's pools).
-var completionPaths = []struct {
-	name  string
-	multi bool
-}{{"database-sql", false}, {"two-round-trips", true}}
+// give), two round trips (OpenDB's pools, predictions off), and one round
+// trip where the storage predicts what it will find (onetrip.go: the
+// second result of an enrollment whose first this storage stored).
+type completionPath struct {
+	name           string
+	multi, predict bool
+}
 
-// onBothPaths runs test on each completion path.
-func onBothPaths(t *testing.T, test func(t *testing.T, multi bool)) {
+var completionPaths = []completionPath{{"database-sql", false, false}, {"two-round-trips", true, false}, {"one-round-trip", true, true}}
+
+// onEveryPath runs test on each completion path.
+func onEveryPath(t *testing.T, test func(t *testing.T, p completionPath)) {
 	for _, p := range completionPaths {
-		t.Run(p.name, func(t *testing.T) { test(t, p.multi) })
+		t.Run(p.name, func(t *testing.T) { test(t, p) })
 	}
 }
 
 // checkPath fails t unless the completions ran the path asked for.
-func (c *faultConnector) checkPath(t *testing.T, multi bool) {
+func (c *faultConnector) checkPath(t *testing.T, p completionPath) {
 	t.Helper()
 	c.mu.Lock()
-	n := c.twoTrips
+	n, one := c.twoTrips, c.oneTrips
 	c.mu.Unlock()
-	if multi && n == 0 {
-		t.Fatal("no COMMIT was sent with its statements: the two-round-trip path never ran")
+	if p.multi && n == 0 {
+		t.Fatal("no COMMIT was sent with its statements: the multi-statement path never ran")
 	}
-	if !multi && n > 0 {
+	if !p.multi && n > 0 {
 		t.Fatalf("%d COMMITs were sent with their statements on a pool without multiStatements", n)
 	}
+	if p.predict && one == 0 {
+		t.Fatal("no completion was sent whole in one round trip: the predicted path never ran")
+	}
+	if !p.predict && one > 0 {
+		t.Fatalf("%d completions were sent in one round trip with predictions off", one)
+	}
+}
+
+// storedOn stores a fan-out as b.stored does and, on a path that predicts,
+// first completes one more enrollment of it, as a fan-out's first
+// enrollment does: the storage then knows the step's commands and keeps
+// its context, and the test's own results go in one round trip. The extra
+// enrollment is not among the step's IDs, and its event is taken out of
+// the outbox again.
+func (b *bundle) storedOn(t *testing.T, p completionPath, prefix string, n, cmds int) *nanostorage.StepEnqueuingWithConfig {
+	t.Helper()
+	if !p.predict {
+		return b.stored(t, prefix, n, cmds)
+	}
+	step := b.stored(t, prefix, n+1, cmds)
+	for c := range cmds {
+		if _, err := b.answer(t.Context(), step, n, c); err != nil {
+			t.Fatalf("warming the storage with enrollment %s: %v", step.IDs[n], err)
+		}
+	}
+	if _, err := b.db.Exec(`DELETE FROM stepcollect_outbox WHERE enrollment_id = ?`, step.IDs[n]); err != nil {
+		t.Fatal(err)
+	}
+	step.IDs = step.IDs[:n]
+	return step
 }
 
 // setupFaulty is a storage on a faulty pool with multiStatements on, the
 // path OpenDB's pools take; setupFaultyPath chooses.
 func setupFaulty(t *testing.T, extra ...stepmysql.Option) (*bundle, *faultConnector) {
 	t.Helper()
-	return setupFaultyPath(t, true, extra...)
+	return setupFaultyPath(t, completionPaths[2], extra...)
 }
 
-func setupFaultyPath(t *testing.T, multi bool, extra ...stepmysql.Option) (*bundle, *faultConnector) {
+func setupFaultyPath(t *testing.T, p completionPath, extra ...stepmysql.Option) (*bundle, *faultConnector) {
 	t.Helper()
 	db := testkit.NewDB(t, nil)
-	fdb, fc := newFaultDB(t, db, multi)
+	fdb, fc := newFaultDB(t, db, p.multi)
 	faulty := &testkit.DB{DB: fdb, Name: db.Name, DSN: db.DSN}
-	return setup(t, &setupOpts{db: faulty, extra: extra}), fc
+	b := setup(t, &setupOpts{db: faulty, extra: extra})
+	if !p.predict {
+		stepmysql.NoPredictions(b.store)
+	}
+	return b, fc
 }
 
 func TestConnectionKilledMidTransactionIsRetriedAndTheResultCommitted(t *testing.T) {
 	t.Parallel()
-	onBothPaths(t, connectionKilledMidTransaction)
+	onEveryPath(t, connectionKilledMidTransaction)
 }
 
-func connectionKilledMidTransaction(t *testing.T, multi bool) {
+func connectionKilledMidTransaction(t *testing.T, multi completionPath) {
 	b, fc := setupFaultyPath(t, multi)
 	ctx := t.Context()
-	step := b.stored(t, "killed", 2, 1)
+	step := b.storedOn(t, multi, "killed", 2, 1)
 	fc.arm(func(fc *faultConnector) {
-		fc.killBefore = "DELETE FROM id_commands WHERE enrollment_id = ? AND step_id = ?"
+		fc.killBefore = "DELETE FROM id_commands WHERE" // the release, or the predicted delete
 	})
 
 	r, err := b.answer(ctx, step, 0, 0)
@@ -418,15 +462,15 @@ func TestLostCommitAnswerOnTheCompletingResultStillReturnsTheStep(t *testing.T) 
 	t.Parallel()
 	for name, opt := range map[string]stepmysql.Option{"outbox": stepmysql.WithOutbox(), "receipts": stepmysql.WithReceipts()} {
 		t.Run(name, func(t *testing.T) {
-			onBothPaths(t, func(t *testing.T, multi bool) { lostCommitAnswerOnTheCompletingResult(t, multi, opt) })
+			onEveryPath(t, func(t *testing.T, multi completionPath) { lostCommitAnswerOnTheCompletingResult(t, multi, opt) })
 		})
 	}
 }
 
-func lostCommitAnswerOnTheCompletingResult(t *testing.T, multi bool, opt stepmysql.Option) {
+func lostCommitAnswerOnTheCompletingResult(t *testing.T, multi completionPath, opt stepmysql.Option) {
 	b, fc := setupFaultyPath(t, multi, opt)
 	ctx := t.Context()
-	step := b.stored(t, "lostcommit", 1, 2)
+	step := b.storedOn(t, multi, "lostcommit", 1, 2)
 
 	// first command, with its commit answer lost: a retry re-records it
 	fc.arm(func(fc *faultConnector) { fc.loseCommits = 1 })
@@ -470,14 +514,14 @@ func lostCommitAnswerOnTheCompletingResult(t *testing.T, multi bool, opt stepmys
 // one event, not an error and not two.
 func TestASilentServerCostsOneTryNotTheRequest(t *testing.T) {
 	t.Parallel()
-	onBothPaths(t, aSilentServerCostsOneTry)
+	onEveryPath(t, aSilentServerCostsOneTry)
 }
 
-func aSilentServerCostsOneTry(t *testing.T, multi bool) {
+func aSilentServerCostsOneTry(t *testing.T, multi completionPath) {
 	const bound = 300 * time.Millisecond
 	b, fc := setupFaultyPath(t, multi, stepmysql.WithOutbox(), stepmysql.WithAttemptTimeout(bound))
 	ctx := t.Context()
-	step := b.stored(t, "silent", 1, 2)
+	step := b.storedOn(t, multi, "silent", 1, 2)
 
 	// the first command's locking read meets the silence
 	fc.arm(func(fc *faultConnector) { fc.stallBefore = "FOR UPDATE" })
@@ -520,7 +564,7 @@ func aSilentServerCostsOneTry(t *testing.T, multi bool) {
 func TestASilentServerBoundsTheReferenceCheck(t *testing.T) {
 	t.Parallel()
 	const bound = 300 * time.Millisecond
-	b, fc := setupFaultyPath(t, true, stepmysql.WithAttemptTimeout(bound))
+	b, fc := setupFaultyPath(t, completionPaths[2], stepmysql.WithAttemptTimeout(bound))
 	b.stored(t, "silentcheck", 1, 1)
 	var stepID int64
 	if err := b.db.DB.QueryRow("SELECT id FROM steps").Scan(&stepID); err != nil {

@@ -46,6 +46,10 @@ type Storage struct {
 	// twoTrips: the pool takes several statements in one query, and
 	// completions run in two round trips (see conntx.go).
 	twoTrips bool
+	// hints: what this process saw of steps and enrollments, from which a
+	// completion predicts its rows and commits in one round trip
+	// (onetrip.go)
+	hints    *hints
 	logger   zerolog.Logger
 	sink     storage.ReleaseSink
 	observer storage.Observer
@@ -167,6 +171,7 @@ func New(opts ...Option) (*Storage, error) {
 		outbox:         cfg.outbox,
 		receipts:       cfg.receipts && !cfg.outbox,
 		steps:          newStepCache(4096, 10*time.Minute),
+		hints:          newHints(),
 		maxAttempts:    max(cfg.maxAttempts, 1),
 		attemptTimeout: max(cfg.attemptTO, 0),
 		backoffBase:    5 * time.Millisecond,

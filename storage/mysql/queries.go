@@ -74,6 +74,21 @@ SELECT workflow_name, instance_id, step_name, COALESCE(LENGTH(context), 0),
   IF(LENGTH(context) <= 65536, context, NULL)
 FROM steps WHERE id = ?`
 
+	// A completion predicted (onetrip.go): the enrollment's rows of the
+	// step, each by its primary key and only in its predicted state, the
+	// reported command outstanding (qDeletePredictedOutstanding), every
+	// other one stored with the result its event carries
+	// (qDeletePredictedStored, by SHA-256), joined with OR. By key: it
+	// locks those rows and no other, as the locking read does.
+	qDeletePredicted            = `DELETE FROM id_commands WHERE `
+	qDeletePredictedOutstanding = `(enrollment_id = ? AND command_uuid = ? AND step_id = ? AND completed = 0)`
+	qDeletePredictedStored      = `(enrollment_id = ? AND command_uuid = ? AND step_id = ? AND completed = 1 AND SHA2(result, 256) = ?)`
+	// Its guard, right after it: fails (a scalar subquery of two rows,
+	// error 1242) unless it deleted all ? of them, and the server runs
+	// nothing of the query after a failed statement. No table is read:
+	// ROW_COUNT() is the delete's.
+	qGuardDeleted = `SET @stepcollect_guard = (SELECT 1 UNION ALL SELECT 1 FROM DUAL WHERE ROW_COUNT() <> ?)`
+
 	qRecordResult = `
 UPDATE id_commands SET completed = ?, result = ?
 WHERE enrollment_id = ? AND command_uuid = ?`

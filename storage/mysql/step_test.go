@@ -6,6 +6,8 @@ import (
 	"go/parser"
 	"go/token"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -235,4 +237,72 @@ func TestStepStatusCountsOutstandingEnrollmentsUntilCollected(t *testing.T) {
 	if _, err := b.store.StepStatus(ctx, id); storage.ErrorCode(err) != storage.ENotFound {
 		t.Errorf("after collection: %v, want not found", err)
 	}
+}
+
+// An enrollment's rows of a step go together: every DELETE FROM
+// id_commands takes all of an enrollment's rows of a step (or of several
+// steps, or several enrollments' of one), never some of them, so that a
+// prediction of all of an enrollment's rows of a step (onetrip.go) can
+// miss none. The predicted delete names every row by its full key; its
+// guard checks it took them all. This reads the package's SQL to keep it
+// so.
+func TestIDCommandsRowsOfAStepAreDeletedTogether(t *testing.T) {
+	t.Parallel()
+	whole := map[string]bool{
+		"enrollment_id = ? AND step_id = ?":    true,
+		"enrollment_id = ? AND step_id IN (?)": true,
+		"enrollment_id IN (?) AND step_id = ?": true,
+		"":                                     true, // qDeletePredicted: its branches follow, checked below
+	}
+	src := mysqlQueriesSource(t)
+	re := regexp.MustCompile("(?is)DELETE FROM id_commands WHERE\\s*([^`\"]*)")
+	found := 0
+	for _, m := range re.FindAllStringSubmatch(src, -1) {
+		found++
+		if where := strings.Join(strings.Fields(m[1]), " "); !whole[where] {
+			t.Errorf("DELETE FROM id_commands WHERE %s: takes some of an enrollment's rows of a step?", where)
+		}
+	}
+	if found == 0 {
+		t.Fatal("no DELETE FROM id_commands found: the source reader is broken")
+	}
+	for _, branch := range []string{"qDeletePredictedOutstanding", "qDeletePredictedStored"} {
+		if q := queryConst(t, branch); !strings.HasPrefix(q, "(enrollment_id = ? AND command_uuid = ? AND step_id = ? AND ") {
+			t.Errorf("%s = %q: does not name its row by its full key and step", branch, q)
+		}
+	}
+}
+
+// queryConst is the value of the string constant name in queries.go.
+func queryConst(t *testing.T, name string) string {
+	t.Helper()
+	af, err := parser.ParseFile(token.NewFileSet(), "queries.go", nil, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range af.Decls {
+		gd, ok := d.(*ast.GenDecl)
+		if !ok || gd.Tok != token.CONST {
+			continue
+		}
+		for _, spec := range gd.Specs {
+			vs := spec.(*ast.ValueSpec)
+			for i, n := range vs.Names {
+				if n.Name != name || i >= len(vs.Values) {
+					continue
+				}
+				lit, ok := vs.Values[i].(*ast.BasicLit)
+				if !ok {
+					t.Fatalf("%s is not a literal", name)
+				}
+				v, err := strconv.Unquote(lit.Value)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return v
+			}
+		}
+	}
+	t.Fatalf("no constant %s in queries.go", name)
+	return ""
 }

@@ -174,13 +174,13 @@ func assertClaimsOnce(t *testing.T, b *bundle, want int) {
 // with nothing in the outbox).
 func TestALostCommitAnswerWithTheRowsCancelledMeanwhileIsNoCompletion(t *testing.T) {
 	t.Parallel()
-	onBothPaths(t, lostCommitAnswerWithTheRowsCancelledMeanwhile)
+	onEveryPath(t, lostCommitAnswerWithTheRowsCancelledMeanwhile)
 }
 
-func lostCommitAnswerWithTheRowsCancelledMeanwhile(t *testing.T, multi bool) {
+func lostCommitAnswerWithTheRowsCancelledMeanwhile(t *testing.T, multi completionPath) {
 	b, fc := setupFaultyPath(t, multi, stepmysql.WithOutbox())
 	ctx := t.Context()
-	step := b.stored(t, "lostcancel", 1, 1)
+	step := b.storedOn(t, multi, "lostcancel", 1, 1)
 	fc.mu.Lock()
 	fc.dropCommits = 1
 	fc.betweenTries = func() {
@@ -211,16 +211,16 @@ func lostCommitAnswerWithTheRowsCancelledMeanwhile(t *testing.T, multi bool) {
 // meanwhile by a cancel are never taken as its success.
 func TestAServerErrorReplyToCommitIsNotAnAmbiguousCommit(t *testing.T) {
 	t.Parallel()
-	onBothPaths(t, serverErrorReplyToCommit)
+	onEveryPath(t, serverErrorReplyToCommit)
 }
 
-func serverErrorReplyToCommit(t *testing.T, multi bool) {
+func serverErrorReplyToCommit(t *testing.T, multi completionPath) {
 	for _, code := range []uint16{1927, 1053, 1317} {
 		t.Run(strconv.Itoa(int(code)), func(t *testing.T) {
 			// without the outbox: only the reply itself can tell
 			b, fc := setupFaultyPath(t, multi)
 			ctx := t.Context()
-			step := b.stored(t, "refused", 1, 1)
+			step := b.storedOn(t, multi, "refused", 1, 1)
 			fc.mu.Lock()
 			fc.refuseCommits, fc.refuseErr = 1, &mysql.MySQLError{Number: code, Message: "injected"}
 			fc.betweenTries = func() {
@@ -245,13 +245,13 @@ func serverErrorReplyToCommit(t *testing.T, multi bool) {
 // through: the caller gets an error saying so, never a guess.
 func TestALostCommitAnswerWithoutTheOutboxIsAnErrorNotAGuess(t *testing.T) {
 	t.Parallel()
-	onBothPaths(t, lostCommitAnswerWithoutTheOutbox)
+	onEveryPath(t, lostCommitAnswerWithoutTheOutbox)
 }
 
-func lostCommitAnswerWithoutTheOutbox(t *testing.T, multi bool) {
+func lostCommitAnswerWithoutTheOutbox(t *testing.T, multi completionPath) {
 	b, fc := setupFaultyPath(t, multi)
 	ctx := t.Context()
-	step := b.stored(t, "lostlib", 1, 1)
+	step := b.storedOn(t, multi, "lostlib", 1, 1)
 	fc.arm(func(fc *faultConnector) { fc.loseCommits = 1 })
 	r, err := b.answer(ctx, step, 0, 0)
 	if fc.lost != 1 {

@@ -1,0 +1,283 @@
+package mysql_test
+
+import (
+	"database/sql"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+
+	"github.com/go-sql-driver/mysql"
+	nanostorage "github.com/micromdm/nanocmd/engine/storage"
+
+	"github.com/stepcollect/stepcollect/internal/testkit"
+	"github.com/stepcollect/stepcollect/storage"
+	stepmysql "github.com/stepcollect/stepcollect/storage/mysql"
+)
+
+// Two replicas of the storage on one database take a warm fan-out's
+// results, every enrollment answering its three commands at once and each
+// result going to either replica: each replica's hints see only some of an
+// enrollment's results, and what one predicts the other may have changed.
+// Each enrollment completes exactly once, with every result and one
+// event, on READ COMMITTED (OpenDB's sessions) and on REPEATABLE READ (a
+// pool the storage did not open, with multiStatements on), and some of the
+// completions did go in one round trip.
+func TestPredictedCompletionsOnTwoReplicasCompleteEachEnrollmentOnce(t *testing.T) {
+	t.Parallel()
+	for _, level := range []string{"READ-COMMITTED", "REPEATABLE-READ"} {
+		t.Run(level, func(t *testing.T) {
+			t.Parallel()
+			db := testkit.NewDB(t, nil)
+			if level == "REPEATABLE-READ" {
+				db = repeatableReadPool(t, db)
+			}
+			if got := sessionIsolation(t, db.DB); got != level {
+				t.Fatalf("sessions at %s, want %s", got, level)
+			}
+			opts := &setupOpts{db: db, extra: []stepmysql.Option{stepmysql.WithOutbox()}}
+			a, b := setup(t, opts), setup(t, opts)
+			if !stepmysql.TwoTrips(a.store) {
+				t.Fatal("no multi-statement completions on this pool: nothing to predict")
+			}
+			replicasRace(t, a, b)
+		})
+	}
+}
+
+func replicasRace(t *testing.T, a, b *bundle) {
+	ctx := t.Context()
+	const n, cmds = 150, 3
+	step := a.storedOn(t, completionPaths[2], "race", n, cmds)
+	// b warms on one enrollment of its own, as a replica would
+	for c := range cmds {
+		if _, err := b.answer(ctx, step, n-1, c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var mu sync.Mutex
+	completions := map[string][]*nanostorage.StepResult{}
+	var errs []error
+	startTogether((n-1)*cmds, func(i int) {
+		replica := a
+		if rand.N(2) == 1 {
+			replica = b
+		}
+		r, err := replica.answer(ctx, step, i/cmds, i%cmds)
+		mu.Lock()
+		defer mu.Unlock()
+		if err != nil {
+			errs = append(errs, err)
+		}
+		if r != nil {
+			completions[r.IDs[0]] = append(completions[r.IDs[0]], r)
+		}
+	})
+	for _, err := range errs {
+		t.Error(err)
+	}
+	for _, id := range step.IDs[:n-1] {
+		got := completions[id]
+		if len(got) != 1 {
+			t.Errorf("enrollment %s: completed %d times, want once", id, len(got))
+			continue
+		}
+		checkAllResults(t, id, got[0].Commands, cmds)
+	}
+	events := outboxEvents(t, a)
+	if len(events) != n {
+		t.Errorf("%d enrollments have an event, want %d", len(events), n)
+	}
+	for id, ev := range events {
+		if len(ev.Step.Commands) != cmds {
+			t.Errorf("enrollment %s: event with %d commands, want %d", id, len(ev.Step.Commands), cmds)
+		}
+	}
+	if c := countRows(t, a.db.DB); c != (testkit.StepRows{}) {
+		t.Errorf("rows left: %+v", c)
+	}
+	ca, ra := stepmysql.OneTrips(a.store)
+	cb, rb := stepmysql.OneTrips(b.store)
+	t.Logf("one round trip: %d and %d committed, %d and %d refused by their guard", ca, cb, ra, rb)
+	if ca+cb == 0 {
+		t.Error("no completion went in one round trip: the race never took the predicted path")
+	}
+	requireRealConcurrency(t, a)
+}
+
+// A prediction another replica made stale is refused by its guard and
+// leaves nothing of itself: the completion then runs as if there had been
+// no prediction. Here the other replica stored the first command's result
+// again with other bytes (the event must carry those), or cancelled the
+// enrollment (no event at all, and the command unknown).
+func TestAStalePredictionIsRefusedAndLeavesNothing(t *testing.T) {
+	t.Parallel()
+	db := testkit.NewDB(t, nil)
+	opts := &setupOpts{db: db, extra: []stepmysql.Option{stepmysql.WithOutbox()}}
+	a, b := setup(t, opts), setup(t, opts)
+	ctx := t.Context()
+	step := a.storedOn(t, completionPaths[2], "stale", 2, 2)
+	warmCommitted, _ := stepmysql.OneTrips(a.store) // the warm-up's
+
+	// enrollment 0: a stores its first result, b stores it again, changed
+	if _, err := a.answer(ctx, step, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	changed := testkit.CommandResult(step.Commands[0].CommandUUID)
+	changed.ResultReport = append([]byte("<!-- again -->"), changed.ResultReport...)
+	if _, err := b.store.StoreCommandResponseAndRetrieveCompletedStep(ctx, step.IDs[0], changed); err != nil {
+		t.Fatal(err)
+	}
+	r, err := a.answer(ctx, step, 0, 1)
+	if err != nil || r == nil {
+		t.Fatalf("completing after a changed result: %+v, %v", r, err)
+	}
+	for _, c := range r.Commands {
+		if c.CommandUUID == changed.CommandUUID && string(c.ResultReport) != string(changed.ResultReport) {
+			t.Errorf("the completed step carries %q for %s, want the result stored last, %q", c.ResultReport, c.CommandUUID, changed.ResultReport)
+		}
+	}
+	if committed, refused := stepmysql.OneTrips(a.store); refused != 1 || committed != warmCommitted {
+		t.Errorf("%d committed in one round trip after the warm-up's %d, %d refused; want the stale one refused", committed-warmCommitted, warmCommitted, refused)
+	}
+
+	// enrollment 1: a stores its first result, b cancels the enrollment
+	if _, err := a.answer(ctx, step, 1, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.store.CancelSteps(ctx, step.IDs[1], ""); err != nil {
+		t.Fatal(err)
+	}
+	r, err = a.answer(ctx, step, 1, 1)
+	if r != nil || !errors.Is(err, storage.ErrUnknownCommand) {
+		t.Fatalf("completing a cancelled enrollment: %+v, %v; want no step and the command unknown", r, err)
+	}
+	if _, refused := stepmysql.OneTrips(a.store); refused != 2 {
+		t.Errorf("%d predictions refused, want 2", refused)
+	}
+	if n := a.enrollmentRows(t, step.IDs[1]); n != 0 {
+		t.Errorf("the cancelled enrollment holds %d rows", n)
+	}
+	events := outboxEvents(t, a)
+	if _, ok := events[step.IDs[1]]; ok || len(events) != 1 {
+		t.Errorf("events for %v, want enrollment %s's alone (and the warm-up's, taken out)", keys(events), step.IDs[0])
+	}
+}
+
+// The predicted delete finds its rows by their primary keys, the
+// reporting enrollment's own, and not through the step_id index every
+// enrollment of the fan-out shares (which would lock other enrollments'
+// index entries).
+func TestThePredictedDeleteGoesByPrimaryKey(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	step := b.stored(t, "bykey", 300, 3)
+	var stepID int64
+	if err := b.db.QueryRow(`SELECT id FROM steps`).Scan(&stepID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.db.Exec(`ANALYZE TABLE id_commands`); err != nil {
+		t.Fatal(err)
+	}
+	q, args := stepmysql.PredictedDelete(step.IDs[7], step.Commands[0].CommandUUID, stepID, []string{step.Commands[1].CommandUUID, step.Commands[2].CommandUUID})
+	key := explainKey(t, b.db.DB, q, args...)
+	if key != "PRIMARY" {
+		t.Errorf("the predicted delete uses index %q, want PRIMARY", key)
+	}
+}
+
+// explainKey is the index EXPLAIN says q uses (FORMAT=TRADITIONAL where
+// the server has it: MySQL's default is a tree).
+func explainKey(t *testing.T, db *sql.DB, q string, args ...any) string {
+	t.Helper()
+	rows, err := db.Query("EXPLAIN FORMAT=TRADITIONAL "+q, args...)
+	if err != nil {
+		rows, err = db.Query("EXPLAIN "+q, args...)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	cols, err := rows.Columns()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var key string
+	for rows.Next() {
+		vals := make([]sql.NullString, len(cols))
+		ptrs := make([]any, len(cols))
+		for i := range vals {
+			ptrs[i] = &vals[i]
+		}
+		if err := rows.Scan(ptrs...); err != nil {
+			t.Fatal(err)
+		}
+		for i, c := range cols {
+			if c == "key" {
+				key = vals[i].String
+			}
+		}
+	}
+	return key
+}
+
+func keys[V any](m map[string]V) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	return out
+}
+
+// checkAllResults fails t unless cs are the cmds results of a fan-out
+// enrollment, each whole.
+func checkAllResults(t *testing.T, id string, cs []nanostorage.StepCommandResult, cmds int) {
+	t.Helper()
+	seen := map[string]bool{}
+	for _, c := range cs {
+		if string(c.ResultReport) != string(testkit.CommandResult(c.CommandUUID).ResultReport) || !c.Completed {
+			t.Errorf("enrollment %s: command %s has result %q", id, c.CommandUUID, c.ResultReport)
+		}
+		seen[c.CommandUUID] = true
+	}
+	if len(seen) != cmds {
+		t.Errorf("enrollment %s: completed step holds %d distinct commands, want %d", id, len(seen), cmds)
+	}
+}
+
+// repeatableReadPool is db's database through a pool the storage did not
+// open: multiStatements and interpolateParams on, the session at the
+// server's default level, REPEATABLE READ.
+func repeatableReadPool(t *testing.T, db *testkit.DB) *testkit.DB {
+	t.Helper()
+	cfg, err := mysql.ParseDSN(db.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MultiStatements, cfg.InterpolateParams, cfg.ParseTime = true, true, true
+	for _, k := range []string{"tx_isolation", "transaction_isolation"} {
+		delete(cfg.Params, k)
+	}
+	pool, err := sql.Open("mysql", cfg.FormatDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool.SetMaxOpenConns(testkit.PoolSize)
+	t.Cleanup(func() { pool.Close() })
+	return &testkit.DB{DB: pool, Name: db.Name, DSN: cfg.FormatDSN()}
+}
+
+// sessionIsolation is a new session's level on db, by the variable the
+// server has (MariaDB 10.11 says tx_isolation, MySQL transaction_isolation).
+func sessionIsolation(t *testing.T, db *sql.DB) string {
+	t.Helper()
+	var level string
+	for _, v := range []string{"@@transaction_isolation", "@@tx_isolation"} {
+		if err := db.QueryRow("SELECT " + v).Scan(&level); err == nil {
+			return level
+		}
+	}
+	t.Fatal(fmt.Errorf("no isolation variable answered"))
+	return ""
+}
