@@ -2,6 +2,7 @@ package mysql_test
 
 import (
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/stepcollect/stepcollect/internal/testkit"
@@ -44,5 +45,36 @@ func TestMigrateFromManyProcessesAtOnceAppliesOnce(t *testing.T) {
 	// and again, later: nothing to do
 	if err := mysql.Migrate(t.Context(), db.DB); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// id_commands keeps only the indexes something reads: its primary key (the
+// result path, cancels, lookups), step_id (collection's reference check,
+// and the foreign key) and last_push (the re-push claim). The three of
+// NanoCMD's schema that nothing reads are gone (migration 9): every result
+// paid for them.
+func TestIDCommandsKeepsOnlyTheIndexesSomethingReads(t *testing.T) {
+	t.Parallel()
+	db := testkit.NewDB(t, nil)
+	rows, err := db.Query(`SELECT DISTINCT index_name FROM information_schema.statistics
+		WHERE table_schema = DATABASE() AND table_name = 'id_commands' ORDER BY index_name`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var got []string
+	for rows.Next() {
+		var name string
+		if err := rows.Scan(&name); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, name)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(got) // the server's collation orders them its own way
+	if want := []string{"PRIMARY", "last_push", "step_id"}; !slices.Equal(got, want) {
+		t.Errorf("id_commands indexes %v, want %v", got, want)
 	}
 }
