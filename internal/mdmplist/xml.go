@@ -47,7 +47,7 @@ func xmlName(n xml.Name) string {
 }
 
 type xmlScanner struct {
-	d     *xml.Decoder
+	d     tokenSource
 	lim   Limits
 	keys  []string
 	out   map[string]string
@@ -61,10 +61,77 @@ type xmlScanner struct {
 	text, b64, dec []byte // reused buffers
 }
 
+// scanXML reads data with fastTokens, and, when it leaves their subset
+// or is refused, again with encoding/xml, whose answer stands (see
+// xmlfast.go).
+// token is one XML token as xmlScanner reads it: what encoding/xml's
+// RawToken gives, without an interface value (and its allocation) per
+// token.
+type token struct {
+	kind   byte
+	name   xml.Name // tokStart, tokEnd
+	target string   // tokProcInst
+	data   []byte   // tokText (entities decoded), tokDirective; valid until the next token
+	other  xml.Token
+}
+
+const (
+	tokStart = iota + 1
+	tokEnd
+	tokText
+	tokComment
+	tokProcInst
+	tokDirective
+	tokOther // other: what encoding/xml gave
+)
+
+// tokenSource is what xmlScanner reads: encoding/xml (slowTokens) or
+// fastTokens.
+type tokenSource interface {
+	next() (token, error)
+	InputOffset() int64
+}
+
+// slowTokens is encoding/xml's RawToken as tokens.
+type slowTokens struct{ d *xml.Decoder }
+
+func (s slowTokens) InputOffset() int64 { return s.d.InputOffset() }
+
+func (s slowTokens) next() (token, error) {
+	tok, err := s.d.RawToken()
+	if err != nil {
+		return token{}, err
+	}
+	switch t := tok.(type) {
+	case xml.StartElement:
+		return token{kind: tokStart, name: t.Name}, nil
+	case xml.EndElement:
+		return token{kind: tokEnd, name: t.Name}, nil
+	case xml.CharData:
+		return token{kind: tokText, data: t}, nil
+	case xml.Comment:
+		return token{kind: tokComment}, nil
+	case xml.ProcInst:
+		return token{kind: tokProcInst, target: t.Target}, nil
+	case xml.Directive:
+		return token{kind: tokDirective, data: t}, nil
+	}
+	return token{kind: tokOther, other: tok}, nil
+}
+
 func scanXML(data []byte, lim Limits, keys []string) (map[string]string, error) {
+	s := &xmlScanner{d: newFastTokens(data), lim: lim, keys: keys, out: map[string]string{}}
+	if err := s.run(); err == nil {
+		return s.out, nil
+	}
+	return scanXMLSlow(data, lim, keys)
+}
+
+// scanXMLSlow reads data with encoding/xml alone.
+func scanXMLSlow(data []byte, lim Limits, keys []string) (map[string]string, error) {
 	d := xml.NewDecoder(bytes.NewReader(data))
 	d.Strict = true
-	s := &xmlScanner{d: d, lim: lim, keys: keys, out: map[string]string{}}
+	s := &xmlScanner{d: slowTokens{d}, lim: lim, keys: keys, out: map[string]string{}}
 	if err := s.run(); err != nil {
 		return nil, err
 	}
@@ -79,7 +146,7 @@ func (s *xmlScanner) run() error {
 	prolog := true // nothing but white space and comments read yet
 	doctype, done := false, false
 	for {
-		tok, err := s.d.RawToken()
+		t, err := s.d.next()
 		if err == io.EOF {
 			if len(s.stack) > 0 {
 				return s.errf("unexpected EOF: <%s> is not closed", s.stack[len(s.stack)-1].name())
@@ -92,46 +159,46 @@ func (s *xmlScanner) run() error {
 		if err != nil {
 			return fmt.Errorf("xml plist: %v", err)
 		}
-		switch t := tok.(type) {
-		case xml.Comment:
-		case xml.CharData:
-			if !isXMLSpace(t) {
-				return s.errf("text %s outside a value", quoteShort(t))
+		switch t.kind {
+		case tokComment:
+		case tokText:
+			if !isXMLSpace(t.data) {
+				return s.errf("text %s outside a value", quoteShort(t.data))
 			}
-		case xml.ProcInst:
-			if t.Target != "xml" || !prolog {
-				return s.errf("unexpected processing instruction <?%s?>", t.Target)
+		case tokProcInst:
+			if t.target != "xml" || !prolog {
+				return s.errf("unexpected processing instruction <?%s?>", t.target)
 			}
 			prolog = false
-		case xml.Directive:
-			if doctype || done || len(s.stack) > 0 || !bytes.HasPrefix(t, []byte("DOCTYPE")) {
-				return s.errf("unexpected directive <!%s>", quoteShort(t))
+		case tokDirective:
+			if doctype || done || len(s.stack) > 0 || !bytes.HasPrefix(t.data, []byte("DOCTYPE")) {
+				return s.errf("unexpected directive <!%s>", quoteShort(t.data))
 			}
 			prolog, doctype = false, true
-		case xml.StartElement:
+		case tokStart:
 			prolog = false
 			if done {
-				return s.errf("<%s> after the plist's one value", t.Name.Local)
+				return s.errf("<%s> after the plist's one value", t.name.Local)
 			}
 			if err := s.start(t); err != nil {
 				return err
 			}
 			done = len(s.stack) == 0 // a root that is a single element
-		case xml.EndElement:
+		case tokEnd:
 			if err := s.end(t); err != nil {
 				return err
 			}
 			done = len(s.stack) == 0
 		default:
-			return s.errf("unexpected %T", t)
+			return s.errf("unexpected %T", t.other)
 		}
 	}
 }
 
-func (s *xmlScanner) start(t xml.StartElement) error {
-	name := t.Name.Local
-	if t.Name.Space != "" {
-		return s.errf("element <%s> has a namespace prefix; plist elements have none", xmlName(t.Name))
+func (s *xmlScanner) start(t token) error {
+	name := t.name.Local
+	if t.name.Space != "" {
+		return s.errf("element <%s> has a namespace prefix; plist elements have none", xmlName(t.name))
 	}
 	if name == "plist" {
 		if len(s.stack) > 0 {
@@ -213,13 +280,13 @@ func (s *xmlScanner) start(t xml.StartElement) error {
 	return nil
 }
 
-func (s *xmlScanner) end(t xml.EndElement) error {
+func (s *xmlScanner) end(t token) error {
 	if len(s.stack) == 0 {
-		return s.errf("unexpected end element </%s>", t.Name.Local)
+		return s.errf("unexpected end element </%s>", t.name.Local)
 	}
 	f := s.stack[len(s.stack)-1]
-	if t.Name.Space != "" || t.Name.Local != f.name() {
-		return s.errf("<%s> closed by </%s>", f.name(), xmlName(t.Name))
+	if t.name.Space != "" || t.name.Local != f.name() {
+		return s.errf("<%s> closed by </%s>", f.name(), xmlName(t.name))
 	}
 	s.stack = s.stack[:len(s.stack)-1]
 	switch f.kind {
@@ -243,26 +310,26 @@ func (s *xmlScanner) end(t xml.EndElement) error {
 func (s *xmlScanner) leaf(name string) ([]byte, error) {
 	s.text = s.text[:0]
 	for {
-		tok, err := s.d.RawToken()
+		t, err := s.d.next()
 		if err == io.EOF {
 			return nil, s.errf("unexpected EOF: <%s> is not closed", name)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("xml plist: %v", err)
 		}
-		switch t := tok.(type) {
-		case xml.CharData:
-			s.text = append(s.text, t...)
-		case xml.Comment:
-		case xml.EndElement:
-			if t.Name.Space != "" || t.Name.Local != name {
-				return nil, s.errf("<%s> closed by </%s>", name, xmlName(t.Name))
+		switch t.kind {
+		case tokText:
+			s.text = append(s.text, t.data...)
+		case tokComment:
+		case tokEnd:
+			if t.name.Space != "" || t.name.Local != name {
+				return nil, s.errf("<%s> closed by </%s>", name, xmlName(t.name))
 			}
 			return s.text, s.checkLeaf(name, s.text)
-		case xml.StartElement:
-			return nil, s.errf("<%s> holds an element <%s>", name, t.Name.Local)
+		case tokStart:
+			return nil, s.errf("<%s> holds an element <%s>", name, t.name.Local)
 		default:
-			return nil, s.errf("<%s> holds a %T", name, t)
+			return nil, s.errf("<%s> holds a %T", name, t.other)
 		}
 	}
 }
