@@ -338,5 +338,3 @@ func (f *fifo[K, V]) remove(k K) {
 		delete(f.m, k)
 	}
 }
-
-func (f *fifo[K, V]) len() int { return len(f.m) }
