@@ -189,32 +189,6 @@ func TestGroupReplicationPrimaryPartitionedAwayInTheMiddleOfAFanOut(t *testing.T
 func TestGroupReplicationWholeGroupRestartedInTheMiddleOfAFanOut(t *testing.T) {
 	g := testha.StartGroupReplication(t, testha.GroupConfig{})
 	s, _, _ := groupStack(t, g, 1)
-	s.Client.WithTimeout(60 * time.Second)
-	const name = "Group Replication: the whole group killed and rebooted"
-
-	r := s.EnqueueRound(t, "GW", enrollments())
-	began := time.Now()
-	done := s.Stream(r.Results(), 4*time.Second, 32)
-	time.Sleep(time.Until(began.Add(1500 * time.Millisecond)))
-	g.KillAll()
-	killedAt := time.Now()
-	boot, err := g.RestartAll(90 * time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	backAt := time.Now()
-	answers := <-done
-
-	tl := tallyAnswers(t, name, answers, killedAt)
-	if tl.unavailable == 0 {
-		t.Errorf("%s: no webhook answered 503: none was sent while the group was down, the test did not test", name)
-	}
-	checkNothingHalfWritten(t, s, name, answers, killedAt)
-	resent, rounds := len(tl.again), sendAgain(t, s, name, tl.again, backAt)
-	st := s.AwaitSettled(t, backAt, name, func() { s.Explain(t, backAt, nil) })
-	s.CheckReceiver(t)
-	t.Logf("FAILOVER %s: %s; from the kill until every member was ONLINE again %v (member %d bootstrapped), "+
-		"the first 200 of a webhook sent after the kill %s after it; %d sent again in %d rounds; %s (from the group back)",
-		name, tl, backAt.Sub(killedAt).Round(time.Millisecond), boot, tl.first(killedAt), resent, rounds, st)
-	finish(t, s)
+	wholeRestartRound(t, s, "Group Replication: the whole group killed and rebooted", g, 90*time.Second,
+		restartWords{whole: "group", one: "member", back: "ONLINE"})
 }

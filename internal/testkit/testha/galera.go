@@ -228,12 +228,16 @@ func (s *SQLServer) awaitSynced(within time.Duration) error {
 
 // KillAll SIGKILLs every node at once: the whole cluster lost, as a power
 // cut does to a rack.
-func (g *Galera) KillAll() {
-	for _, n := range g.Nodes {
-		n.proc.signal(syscall.SIGKILL)
+func (g *Galera) KillAll() { killAll(g.Nodes) }
+
+// killAll SIGKILLs every one of servers at once, then waits for each to
+// exit.
+func killAll(servers []*SQLServer) {
+	for _, s := range servers {
+		s.proc.signal(syscall.SIGKILL)
 	}
-	for _, n := range g.Nodes {
-		n.Kill() // waits for the exit
+	for _, s := range servers {
+		s.Kill() // waits for the exit
 	}
 }
 

@@ -11,7 +11,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -395,14 +394,7 @@ func (g *Group) Rejoin(i int, within time.Duration) error {
 
 // KillAll SIGKILLs every member at once: the whole group lost, as a power
 // cut does to a rack.
-func (g *Group) KillAll() {
-	for _, m := range g.Members {
-		m.proc.signal(syscall.SIGKILL)
-	}
-	for _, m := range g.Members {
-		m.Kill() // waits for the exit
-	}
-}
+func (g *Group) KillAll() { killAll(g.Members) }
 
 // RestartAll reboots a group whose members were all killed, as its
 // operator must: every member started again (outside the group: it does
