@@ -138,7 +138,7 @@ func (s *Storage) predict(id string, sc *nanostorage.StepCommandResult) *predict
 		return nil
 	}
 	var own *hintRow
-	others := make([]hintRow, 0, len(rows)-1)
+	others := make([]hintRow, 0, max(len(rows)-1, 0))
 	for i := range rows {
 		switch r := &rows[i]; {
 		case r.commandUUID == sc.CommandUUID:
