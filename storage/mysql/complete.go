@@ -103,6 +103,8 @@ type completion struct {
 	// only as the question to settle if its COMMIT answer is lost.
 	prev       *nanostorage.StepResult
 	prevStepID int64
+	// what the try that committed in one round trip predicted (onetrip.go)
+	predicted *prediction
 }
 
 // try is the transaction body: lock the enrollment's rows of the step,
@@ -111,7 +113,7 @@ type completion struct {
 // reads everything before it writes anything, so that a connTx sends the
 // writes with COMMIT (see conntx.go).
 func (c *completion) try(ctx context.Context, tx txn, a *attempt) error {
-	c.ret, c.stepID, c.rows = nil, 0, nil
+	c.ret, c.stepID, c.rows, c.predicted = nil, 0, nil, nil
 	rows, done, err := c.lock(ctx, tx, a)
 	if err != nil || done {
 		return err
@@ -148,15 +150,17 @@ func (c *completion) try(ctx context.Context, tx txn, a *attempt) error {
 }
 
 // lock takes the enrollment's rows of the step. On a connTx's first try,
-// a result this process predicts completes the step goes in one round
-// trip with no locking read (onetrip.go; done: it committed, and c holds
-// the completed step); otherwise, or when its guard refuses, the locking
-// read.
+// a result this process can predict goes in one round trip with no
+// locking read (onetrip.go; done: it committed, and c holds the completed
+// step if it completed one); otherwise, or when its guard refuses, the
+// locking read.
 func (c *completion) lock(ctx context.Context, tx txn, a *attempt) (rows []idCommandRow, done bool, err error) {
 	if ct, ok := tx.(*connTx); ok && a.n == 1 {
 		if p := c.s.predict(c.id, c.sc); p != nil {
 			done, err := c.oneTrip(ctx, ct, a, p)
 			switch {
+			case done && p.complete == nil:
+				return nil, true, nil // stored, another command outstanding
 			case done:
 				c.stepID, c.ret, c.prev, c.prevStepID = p.stepID, p.complete, p.complete, p.stepID
 				return nil, true, nil

@@ -1,5 +1,7 @@
 package mysql
 
+import "strings"
+
 // TwoTrips says whether s runs completions in two round trips (conntx.go).
 func TwoTrips(s *Storage) bool { return s.twoTrips }
 
@@ -7,6 +9,24 @@ func TwoTrips(s *Storage) bool { return s.twoTrips }
 // (onetrip.go), and how many its guard sent to the second.
 func OneTrips(s *Storage) (committed, refused int64) {
 	return s.hints.committed.Load(), s.hints.refused.Load()
+}
+
+// OneTripStores says how many of s's results that left another command
+// outstanding committed in one round trip (onetrip.go), and how many its
+// guard sent to the second.
+func OneTripStores(s *Storage) (committed, refused int64) {
+	return s.hints.storesCommitted.Load(), s.hints.storesRefused.Load()
+}
+
+// PredictedStore is the UPDATE a result predicted to leave the commands
+// outstanding outstanding sends (onetrip.go), with its arguments.
+func PredictedStore(id, own string, stepID int64, outstanding []string) (string, []any) {
+	q := qRecordResultIf + strings.TrimSuffix(strings.Repeat("?, ", 1+len(outstanding)), ", ") + ")"
+	args := []any{own, []byte("<plist/>"), own, id, stepID, own}
+	for _, o := range outstanding {
+		args = append(args, o)
+	}
+	return q, args
 }
 
 // NoPredictions turns s's one-round-trip completions off.

@@ -345,7 +345,7 @@ func (c *faultConnector) takeCommitFault() (func(), error) {
 // database/sql's transaction (a pool without multiStatements, as WithDB may
 // give), two round trips (OpenDB's pools, predictions off), and one round
 // trip where the storage predicts what it will find (onetrip.go: the
-// second result of an enrollment whose first this storage stored).
+// results of an enrollment of a fan-out whose commands it knows).
 type completionPath struct {
 	name           string
 	multi, predict bool
@@ -523,8 +523,13 @@ func aSilentServerCostsOneTry(t *testing.T, multi completionPath) {
 	ctx := t.Context()
 	step := b.storedOn(t, multi, "silent", 1, 2)
 
-	// the first command's locking read meets the silence
-	fc.arm(func(fc *faultConnector) { fc.stallBefore = "FOR UPDATE" })
+	// the first command's locking read meets the silence, or, predicted,
+	// its whole transaction
+	first := "FOR UPDATE"
+	if multi.predict {
+		first = "DO LAST_INSERT_ID(0)"
+	}
+	fc.arm(func(fc *faultConnector) { fc.stallBefore = first })
 	began := time.Now()
 	r, err := b.answer(ctx, step, 0, 0)
 	took := time.Since(began)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"testing"
 
@@ -22,16 +23,19 @@ import (
 // enrollment's results, and what one predicts the other may have changed.
 // Each enrollment completes exactly once, with every result and one
 // event, on READ COMMITTED (OpenDB's sessions) and on REPEATABLE READ (a
-// pool the storage did not open, with multiStatements on), and some of the
-// completions did go in one round trip.
+// pool the storage did not open, with multiStatements on, and once more
+// with the found-rows flag, which changes what an UPDATE says it
+// changed), and some of the completions, and of the results that left a
+// command outstanding, did go in one round trip.
 func TestPredictedCompletionsOnTwoReplicasCompleteEachEnrollmentOnce(t *testing.T) {
 	t.Parallel()
-	for _, level := range []string{"READ-COMMITTED", "REPEATABLE-READ"} {
-		t.Run(level, func(t *testing.T) {
+	for _, pool := range []string{"READ-COMMITTED", "REPEATABLE-READ", "REPEATABLE-READ/clientFoundRows"} {
+		level, foundRows := strings.CutSuffix(pool, "/clientFoundRows")
+		t.Run(pool, func(t *testing.T) {
 			t.Parallel()
 			db := testkit.NewDB(t, nil)
 			if level == "REPEATABLE-READ" {
-				db = repeatableReadPool(t, db)
+				db = repeatableReadPool(t, db, foundRows)
 			}
 			if got := sessionIsolation(t, db.DB); got != level {
 				t.Fatalf("sessions at %s, want %s", got, level)
@@ -102,6 +106,12 @@ func replicasRace(t *testing.T, a, b *bundle) {
 	t.Logf("one round trip: %d and %d committed, %d and %d refused by their guard", ca, cb, ra, rb)
 	if ca+cb == 0 {
 		t.Error("no completion went in one round trip: the race never took the predicted path")
+	}
+	sa, rsa := stepmysql.OneTripStores(a.store)
+	sb, rsb := stepmysql.OneTripStores(b.store)
+	t.Logf("results leaving a command outstanding, in one round trip: %d and %d committed, %d and %d refused", sa, sb, rsa, rsb)
+	if sa+sb == 0 {
+		t.Error("no result that left a command outstanding went in one round trip")
 	}
 	requireRealConcurrency(t, a)
 }
@@ -185,6 +195,109 @@ func TestThePredictedDeleteGoesByPrimaryKey(t *testing.T) {
 	if key != "PRIMARY" {
 		t.Errorf("the predicted delete uses index %q, want PRIMARY", key)
 	}
+	q, args = stepmysql.PredictedStore(step.IDs[7], step.Commands[0].CommandUUID, stepID, []string{step.Commands[1].CommandUUID, step.Commands[2].CommandUUID})
+	if key := explainKey(t, b.db.DB, q, args...); key != "PRIMARY" {
+		t.Errorf("the predicted store uses index %q, want PRIMARY", key)
+	}
+}
+
+// A result that leaves another of its enrollment's commands outstanding
+// goes in one round trip too once this storage knows the step's commands
+// (a fan-out's first enrollment showed them): the UPDATE writes its row
+// and locks the others predicted outstanding, and the guard checks the
+// tally of what it took. Each of an enrollment's three results goes so,
+// the last completing the step with every result in its event. A guard
+// that refused what the server did (a tally counted twice, or not at all)
+// fails this test, on each server it runs on.
+func TestAResultLeavingACommandOutstandingGoesInOneRoundTrip(t *testing.T) {
+	t.Parallel()
+	b := setup(t, &setupOpts{extra: []stepmysql.Option{stepmysql.WithOutbox()}})
+	if !stepmysql.TwoTrips(b.store) {
+		t.Fatal("no multi-statement completions on this pool: nothing to predict")
+	}
+	ctx := t.Context()
+	const cmds = 3
+	step := b.storedOn(t, completionPaths[2], "store1", 2, cmds)
+	stores0, storesRefused0 := stepmysql.OneTripStores(b.store)
+	completions0, _ := stepmysql.OneTrips(b.store)
+	for _, id := range []int{0, 1} {
+		for c := range cmds - 1 {
+			if r, err := b.answer(ctx, step, id, c); err != nil || r != nil {
+				t.Fatalf("enrollment %s, command %d: %+v, %v; want stored, not complete", step.IDs[id], c, r, err)
+			}
+		}
+		r, err := b.answer(ctx, step, id, cmds-1)
+		if err != nil || r == nil {
+			t.Fatalf("enrollment %s, last command: %+v, %v; want the completed step", step.IDs[id], r, err)
+		}
+		checkAllResults(t, step.IDs[id], r.Commands, cmds)
+	}
+	stores, storesRefused := stepmysql.OneTripStores(b.store)
+	completions, refused := stepmysql.OneTrips(b.store)
+	if stores-stores0 != 4 || storesRefused != storesRefused0 {
+		t.Errorf("%d stores in one round trip, %d refused; want all 4, none refused", stores-stores0, storesRefused-storesRefused0)
+	}
+	if completions-completions0 != 2 || refused != 0 {
+		t.Errorf("%d completions in one round trip, %d refused; want both, none refused", completions-completions0, refused)
+	}
+	events := outboxEvents(t, b)
+	for _, id := range step.IDs {
+		if ev, ok := events[id]; !ok || len(ev.Step.Commands) != cmds {
+			t.Errorf("enrollment %s: event %+v, want one with %d commands", id, ev, cmds)
+		}
+	}
+	if c := countRows(t, b.db.DB); c != (testkit.StepRows{}) {
+		t.Errorf("rows left: %+v", c)
+	}
+}
+
+// A store another replica made stale is refused by its guard and leaves
+// nothing of itself. For enrollment 0 the other replica stored the other
+// command meanwhile, so this result completes the step (on the two-trip
+// path, with both results); for enrollment 1 it stored this very command,
+// which is then stored again and completes nothing.
+func TestAStaleStorePredictionIsRefusedAndLeavesNothing(t *testing.T) {
+	t.Parallel()
+	db := testkit.NewDB(t, nil)
+	opts := &setupOpts{db: db, extra: []stepmysql.Option{stepmysql.WithOutbox()}}
+	a, b := setup(t, opts), setup(t, opts)
+	ctx := t.Context()
+	step := a.storedOn(t, completionPaths[2], "stalestore", 2, 2)
+	stores0, refused0 := stepmysql.OneTripStores(a.store)
+
+	if _, err := b.answer(ctx, step, 0, 1); err != nil {
+		t.Fatal(err)
+	}
+	r, err := a.answer(ctx, step, 0, 0)
+	if err != nil || r == nil {
+		t.Fatalf("enrollment %s, its other command stored elsewhere: %+v, %v; want the completed step", step.IDs[0], r, err)
+	}
+	checkAllResults(t, step.IDs[0], r.Commands, 2)
+	if stores, refused := stepmysql.OneTripStores(a.store); stores != stores0 || refused != refused0+1 {
+		t.Errorf("%d stores committed in one round trip, %d refused; want the stale one refused", stores-stores0, refused-refused0)
+	}
+
+	if _, err := b.answer(ctx, step, 1, 0); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := a.answer(ctx, step, 1, 0); err != nil || r != nil {
+		t.Fatalf("enrollment %s, its command stored elsewhere: %+v, %v; want stored again, not complete", step.IDs[1], r, err)
+	}
+	if _, refused := stepmysql.OneTripStores(a.store); refused != refused0+2 {
+		t.Errorf("%d stores refused, want 2", refused-refused0)
+	}
+	r, err = a.answer(ctx, step, 1, 1)
+	if err != nil || r == nil {
+		t.Fatalf("enrollment %s, last command: %+v, %v; want the completed step", step.IDs[1], r, err)
+	}
+	checkAllResults(t, step.IDs[1], r.Commands, 2)
+	events := outboxEvents(t, a)
+	if len(events) != 2 {
+		t.Errorf("events for %v, want one for each of %v", keys(events), step.IDs)
+	}
+	if c := countRows(t, a.db.DB); c != (testkit.StepRows{}) {
+		t.Errorf("rows left: %+v", c)
+	}
 }
 
 // explainKey is the index EXPLAIN says q uses (FORMAT=TRADITIONAL where
@@ -248,14 +361,16 @@ func checkAllResults(t *testing.T, id string, cs []nanostorage.StepCommandResult
 
 // repeatableReadPool is db's database through a pool the storage did not
 // open: multiStatements and interpolateParams on, the session at the
-// server's default level, REPEATABLE READ.
-func repeatableReadPool(t *testing.T, db *testkit.DB) *testkit.DB {
+// server's default level, REPEATABLE READ; with foundRows, an UPDATE's
+// count is of the rows it matched rather than changed.
+func repeatableReadPool(t *testing.T, db *testkit.DB, foundRows bool) *testkit.DB {
 	t.Helper()
 	cfg, err := mysql.ParseDSN(db.DSN)
 	if err != nil {
 		t.Fatal(err)
 	}
 	cfg.MultiStatements, cfg.InterpolateParams, cfg.ParseTime = true, true, true
+	cfg.ClientFoundRows = foundRows
 	for _, k := range []string{"tx_isolation", "transaction_isolation"} {
 		delete(cfg.Params, k)
 	}

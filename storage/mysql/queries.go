@@ -89,6 +89,25 @@ FROM steps WHERE id = ?`
 	// ROW_COUNT() is the delete's.
 	qGuardDeleted = `SET @stepcollect_guard = (SELECT 1 UNION ALL SELECT 1 FROM DUAL WHERE ROW_COUNT() <> ?)`
 
+	// A result predicted to leave another command outstanding
+	// (onetrip.go): one UPDATE takes the reported command's row and the
+	// others predicted outstanding, by primary key and only while
+	// outstanding, and so locks them as the locking read does; it writes
+	// the reported command's result and leaves the others as they are.
+	// Each row it takes counts itself into LAST_INSERT_ID(), the reported
+	// command's as 1000 and each other as 1 (the only per-row tally both
+	// servers keep in a session whatever the client's found-rows flag;
+	// the value is multiplied by 0, so no column changes by it). Its
+	// guard fails unless the tally is 1000 plus the others predicted: the
+	// reported command was outstanding and every other predicted
+	// outstanding still is, and locked. The tally is reset first.
+	qResetTally     = `DO LAST_INSERT_ID(0)`
+	qRecordResultIf = `UPDATE id_commands SET
+  result = IF(command_uuid = ?, ?, result),
+  completed = IF(command_uuid = ?, 1 + 0 * LAST_INSERT_ID(LAST_INSERT_ID() + 1000), completed + 0 * LAST_INSERT_ID(LAST_INSERT_ID() + 1))
+WHERE enrollment_id = ? AND step_id = ? AND completed = 0 AND command_uuid IN (`
+	qGuardTally = `SET @stepcollect_guard = (SELECT 1 UNION ALL SELECT 1 FROM DUAL WHERE LAST_INSERT_ID() <> ?)`
+
 	qRecordResult = `
 UPDATE id_commands SET completed = ?, result = ?
 WHERE enrollment_id = ? AND command_uuid = ?`
