@@ -127,11 +127,65 @@ type hints struct {
 	// the same of results predicted to leave a command outstanding
 	storesCommitted atomic.Int64
 	storesRefused   atomic.Int64
+
+	odds *fifo[string, *storeOdds] // by command UUID
+}
+
+// storeOdds is how the store predictions of one command have gone in this
+// process lately. Behind a load balancer spreading an enrollment's results
+// over k replicas, a replica that did not store an enrollment's first
+// result sees its second with nothing but the step's shape, which
+// predicts it first: refused, every time. A command whose predictions
+// are mostly refused is predicted only now and then (to see whether that
+// changed), and so costs what it cost before there were store
+// predictions: the two round trips, not a refusal more.
+type storeOdds struct{ committed, refused, skipped int }
+
+const (
+	oddsSlack = 4  // refusals more than commits before a command is skipped
+	oddsRetry = 32 // of a skipped command's results, one is predicted still
+	oddsDecay = 64 // past this many outcomes both halve: the odds are recent
+)
+
+// tryStore says whether a store prediction of command cmd is worth
+// sending. Called with h.mu held.
+func (h *hints) tryStore(cmd string) bool {
+	o, ok := h.odds.get(cmd)
+	if !ok || o.refused <= o.committed+oddsSlack {
+		return true
+	}
+	o.skipped++
+	return o.skipped%oddsRetry == 0
+}
+
+// storeWent records how a store prediction of cmd went.
+func (h *hints) storeWent(cmd string, committed bool) {
+	if committed {
+		h.storesCommitted.Add(1)
+	} else {
+		h.storesRefused.Add(1)
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	o, ok := h.odds.get(cmd)
+	if !ok {
+		o = &storeOdds{}
+		h.odds.put(cmd, o)
+	}
+	if committed {
+		o.committed++
+	} else {
+		o.refused++
+	}
+	if o.committed+o.refused > oddsDecay {
+		o.committed, o.refused = o.committed/2, o.refused/2
+	}
 }
 
 func newHints() *hints {
 	return &hints{
 		shapes:      newFIFO[string, stepShape](hintsMaxShapes, 0, nil),
+		odds:        newFIFO[string, *storeOdds](hintsMaxShapes, 0, nil),
 		enrollments: newFIFO[string](hintsMaxEnrollments, hintsMaxBytes, enrollmentRows.size),
 	}
 }
@@ -199,6 +253,11 @@ func (s *Storage) predict(id string, sc *nanostorage.StepCommandResult) *predict
 		return nil
 	}
 	if p.outstanding > 0 {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		if !h.tryStore(sc.CommandUUID) {
+			return nil
+		}
 		return p
 	}
 	// The completed step as readCompletedStep makes it: this result, then
@@ -307,10 +366,10 @@ func (c *completion) oneTripStore(ctx context.Context, ct *connTx, a *attempt, p
 	case err == nil:
 		ct.ended = true
 		c.stepID, c.predicted = p.stepID, p
-		c.s.hints.storesCommitted.Add(1)
+		c.s.hints.storeWent(c.sc.CommandUUID, true)
 		return true, nil
 	case mysqlErrNo(err) == erGuardRefused:
-		c.s.hints.storesRefused.Add(1)
+		c.s.hints.storeWent(c.sc.CommandUUID, false)
 		if _, err := ct.conn.ExecContext(ctx, "ROLLBACK"); err != nil {
 			return false, fmt.Errorf("rolling back a result its guard refused (step %d): %w", p.stepID, err)
 		}

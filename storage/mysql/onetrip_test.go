@@ -396,3 +396,44 @@ func sessionIsolation(t *testing.T, db *sql.DB) string {
 	t.Fatal(fmt.Errorf("no isolation variable answered"))
 	return ""
 }
+
+// Behind a load balancer an enrollment's results reach different
+// replicas. Here every enrollment's first result goes to a and its second
+// to b, which has only the step's shape and so predicts each second result
+// to be a first: refused. After a few refusals b stops predicting that
+// command (but for one in oddsRetry, to see whether it changed), and so
+// pays for a handful of refusals, not one per enrollment; a's first
+// results go on in one round trip. Every enrollment completes once.
+func TestAReplicaStopsPredictingWhatItsGuardKeepsRefusing(t *testing.T) {
+	t.Parallel()
+	db := testkit.NewDB(t, nil)
+	opts := &setupOpts{db: db, extra: []stepmysql.Option{stepmysql.WithOutbox()}}
+	a, b := setup(t, opts), setup(t, opts)
+	ctx := t.Context()
+	const n = 80
+	step := a.stored(t, "spread", n, 2)
+	for i := range n {
+		if r, err := a.answer(ctx, step, i, 0); err != nil || r != nil {
+			t.Fatalf("enrollment %s, first command: %+v, %v", step.IDs[i], r, err)
+		}
+		r, err := b.answer(ctx, step, i, 1)
+		if err != nil || r == nil {
+			t.Fatalf("enrollment %s, second command: %+v, %v; want the completed step", step.IDs[i], r, err)
+		}
+		checkAllResults(t, step.IDs[i], r.Commands, 2)
+	}
+	aStores, aRefused := stepmysql.OneTripStores(a.store)
+	bStores, bRefused := stepmysql.OneTripStores(b.store)
+	t.Logf("a: %d stores in one round trip, %d refused; b: %d, %d", aStores, aRefused, bStores, bRefused)
+	if aStores < n-2 || aRefused != 0 {
+		t.Errorf("a: %d stores in one round trip and %d refused, want %d and none", aStores, aRefused, n-1)
+	}
+	// b's first second result teaches it the shape; 5 refusals stop it;
+	// then one of each 32 it skips is tried
+	if maxRefused := int64(5 + (n-6)/32 + 1); bRefused > maxRefused || bStores != 0 {
+		t.Errorf("b: %d refused and %d committed, want at most %d refused and none committed", bRefused, bStores, maxRefused)
+	}
+	if events := outboxEvents(t, a); len(events) != n {
+		t.Errorf("%d events, want %d", len(events), n)
+	}
+}
