@@ -389,9 +389,9 @@ func (c *completion) oneTripStore(ctx context.Context, ct *connTx, a *attempt, p
 // tally (qRecordResultIf).
 const tallyOwn = 1000
 
-// erGuardRefused is ER_SUBQUERY_NO_1_ROW, which qGuardDeleted's subquery
-// of two rows raises.
-const erGuardRefused = 1242
+// erGuardRefused is ER_WRONG_VALUE_FOR_VAR, which the guards
+// (qGuardDeleted, qGuardTally) raise.
+const erGuardRefused = 1231
 
 // errNoPrediction: the prediction cannot be sent as it is; the try goes
 // on the two-trip path.
