@@ -325,11 +325,7 @@ func (c *completion) oneTrip(ctx context.Context, ct *connTx, a *attempt, p *pre
 		// transaction may stay.
 		c.s.hints.refused.Add(1)
 		c.stepID = 0
-		if _, err := ct.conn.ExecContext(ctx, "ROLLBACK"); err != nil {
-			return false, fmt.Errorf("rolling back a completion its guard refused (step %d): %w", p.stepID, err)
-		}
-		ct.begun = false
-		return false, nil
+		return false, ct.rollbackRefused(ctx, "a completion", p.stepID)
 	}
 	if commitUnanswered(ctx, err) {
 		// The COMMIT may have run: the next try settles it by its evidence.
@@ -370,11 +366,7 @@ func (c *completion) oneTripStore(ctx context.Context, ct *connTx, a *attempt, p
 		return true, nil
 	case mysqlErrNo(err) == erGuardRefused:
 		c.s.hints.storeWent(c.sc.CommandUUID, false)
-		if _, err := ct.conn.ExecContext(ctx, "ROLLBACK"); err != nil {
-			return false, fmt.Errorf("rolling back a result its guard refused (step %d): %w", p.stepID, err)
-		}
-		ct.begun = false
-		return false, nil
+		return false, ct.rollbackRefused(ctx, "a result", p.stepID)
 	}
 	if commitUnanswered(ctx, err) {
 		// The COMMIT may have run: storing a result again is harmless,
@@ -383,6 +375,18 @@ func (c *completion) oneTripStore(ctx context.Context, ct *connTx, a *attempt, p
 	}
 	c.stepID = p.stepID
 	return false, fmt.Errorf("recording result with the others predicted outstanding (step %d), then commit (in one round trip): %w", p.stepID, err)
+}
+
+// rollbackRefused rolls back what ran of a one-round-trip query before
+// its guard refused it (the statements before the guard may have taken
+// rows): nothing of it may stay, and the try goes on from a fresh
+// transaction on the same connection.
+func (ct *connTx) rollbackRefused(ctx context.Context, what string, stepID int64) error {
+	if _, err := ct.conn.ExecContext(ctx, "ROLLBACK"); err != nil {
+		return fmt.Errorf("rolling back %s its guard refused (step %d): %w", what, stepID, err)
+	}
+	ct.begun = false
+	return nil
 }
 
 // tallyOwn is what the reported command's row counts into the store's
