@@ -123,9 +123,7 @@ func replicasRace(t *testing.T, a, b *bundle) {
 // enrollment (no event at all, and the command unknown).
 func TestAStalePredictionIsRefusedAndLeavesNothing(t *testing.T) {
 	t.Parallel()
-	db := testkit.NewDB(t, nil)
-	opts := &setupOpts{db: db, extra: []stepmysql.Option{stepmysql.WithOutbox()}}
-	a, b := setup(t, opts), setup(t, opts)
+	a, b := twoReplicas(t)
 	ctx := t.Context()
 	step := a.storedOn(t, completionPaths[2], "stale", 2, 2)
 	warmCommitted, _ := stepmysql.OneTrips(a.store) // the warm-up's
@@ -191,13 +189,13 @@ func TestThePredictedDeleteGoesByPrimaryKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	q, args := stepmysql.PredictedDelete(step.IDs[7], step.Commands[0].CommandUUID, stepID, []string{step.Commands[1].CommandUUID, step.Commands[2].CommandUUID})
-	key := explainKey(t, b.db.DB, q, args...)
-	if key != "PRIMARY" {
-		t.Errorf("the predicted delete uses index %q, want PRIMARY", key)
+	key, access := explainKey(t, b.db.DB, q, args...)
+	if key != "PRIMARY" || access != "range" {
+		t.Errorf("the predicted delete uses index %q (%s), want a range of PRIMARY", key, access)
 	}
 	q, args = stepmysql.PredictedStore(step.IDs[7], step.Commands[0].CommandUUID, stepID, []string{step.Commands[1].CommandUUID, step.Commands[2].CommandUUID})
-	if key := explainKey(t, b.db.DB, q, args...); key != "PRIMARY" {
-		t.Errorf("the predicted store uses index %q, want PRIMARY", key)
+	if key, access := explainKey(t, b.db.DB, q, args...); key != "PRIMARY" || access != "range" {
+		t.Errorf("the predicted store uses index %q (%s), want a range of PRIMARY", key, access)
 	}
 }
 
@@ -258,9 +256,7 @@ func TestAResultLeavingACommandOutstandingGoesInOneRoundTrip(t *testing.T) {
 // which is then stored again and completes nothing.
 func TestAStaleStorePredictionIsRefusedAndLeavesNothing(t *testing.T) {
 	t.Parallel()
-	db := testkit.NewDB(t, nil)
-	opts := &setupOpts{db: db, extra: []stepmysql.Option{stepmysql.WithOutbox()}}
-	a, b := setup(t, opts), setup(t, opts)
+	a, b := twoReplicas(t)
 	ctx := t.Context()
 	step := a.storedOn(t, completionPaths[2], "stalestore", 2, 2)
 	stores0, refused0 := stepmysql.OneTripStores(a.store)
@@ -300,9 +296,10 @@ func TestAStaleStorePredictionIsRefusedAndLeavesNothing(t *testing.T) {
 	}
 }
 
-// explainKey is the index EXPLAIN says q uses (FORMAT=TRADITIONAL where
-// the server has it: MySQL's default is a tree).
-func explainKey(t *testing.T, db *sql.DB, q string, args ...any) string {
+// explainKey is the index EXPLAIN says q uses, and how (its type: a
+// "range" of keys, or an "index" scan of all of it; FORMAT=TRADITIONAL
+// where the server has it: MySQL's default is a tree).
+func explainKey(t *testing.T, db *sql.DB, q string, args ...any) (key, access string) {
 	t.Helper()
 	rows, err := db.Query("EXPLAIN FORMAT=TRADITIONAL "+q, args...)
 	if err != nil {
@@ -316,7 +313,6 @@ func explainKey(t *testing.T, db *sql.DB, q string, args ...any) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var key string
 	for rows.Next() {
 		vals := make([]sql.NullString, len(cols))
 		ptrs := make([]any, len(cols))
@@ -327,12 +323,15 @@ func explainKey(t *testing.T, db *sql.DB, q string, args ...any) string {
 			t.Fatal(err)
 		}
 		for i, c := range cols {
-			if c == "key" {
+			switch c {
+			case "key":
 				key = vals[i].String
+			case "type":
+				access = vals[i].String
 			}
 		}
 	}
-	return key
+	return key, access
 }
 
 func keys[V any](m map[string]V) []string {
@@ -357,6 +356,14 @@ func checkAllResults(t *testing.T, id string, cs []nanostorage.StepCommandResult
 	if len(seen) != cmds {
 		t.Errorf("enrollment %s: completed step holds %d distinct commands, want %d", id, len(seen), cmds)
 	}
+}
+
+// twoReplicas are two storages with the outbox on one new database, as
+// two api replicas are: each with hints of its own.
+func twoReplicas(t *testing.T) (a, b *bundle) {
+	t.Helper()
+	opts := &setupOpts{db: testkit.NewDB(t, nil), extra: []stepmysql.Option{stepmysql.WithOutbox()}}
+	return setup(t, opts), setup(t, opts)
 }
 
 // repeatableReadPool is db's database through a pool the storage did not
@@ -406,9 +413,7 @@ func sessionIsolation(t *testing.T, db *sql.DB) string {
 // results go on in one round trip. Every enrollment completes once.
 func TestAReplicaStopsPredictingWhatItsGuardKeepsRefusing(t *testing.T) {
 	t.Parallel()
-	db := testkit.NewDB(t, nil)
-	opts := &setupOpts{db: db, extra: []stepmysql.Option{stepmysql.WithOutbox()}}
-	a, b := setup(t, opts), setup(t, opts)
+	a, b := twoReplicas(t)
 	ctx := t.Context()
 	const n = 80
 	step := a.stored(t, "spread", n, 2)
