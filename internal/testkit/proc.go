@@ -217,6 +217,12 @@ func AwaitHTTP(t testing.TB, p *Proc, url string, within time.Duration) {
 		last = resp.Status
 		return resp.StatusCode == http.StatusOK
 	})
+	if exited && p.Cmd.ProcessState == nil {
+		// reaped, so that its output is all there: os/exec copies it
+		// from a pipe, and Wait is what waits for the copy to end (a
+		// zombie's last words may still be in the pipe)
+		p.Cmd.Wait()
+	}
 	if !ok || exited {
 		t.Fatalf("%s did not answer 200 within %v (last: %s; exited: %v):\n%s", url, within, last, exited, p.Logs())
 	}
