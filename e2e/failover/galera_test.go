@@ -38,8 +38,8 @@ func TestGaleraNodeKilledInTheMiddleOfAFanOut(t *testing.T) {
 	began := time.Now()
 	done := s.Stream(r.Results(), 4*time.Second, 32)
 	time.Sleep(time.Until(began.Add(1500 * time.Millisecond)))
-	g.Nodes[2].Kill()
-	killedAt := time.Now()
+	ks := killing(g.Nodes[2].Kill)
+	killedAt := ks.done
 	answers := <-done
 	if size := g.Nodes[0].Status("wsrep_cluster_size"); size != "2" {
 		t.Errorf("%s: the cluster has %q members after the results, want 2: the kill did not take", name, size)
@@ -65,7 +65,7 @@ func TestGaleraNodeKilledInTheMiddleOfAFanOut(t *testing.T) {
 	if afterKill == 0 {
 		t.Fatalf("%s: no webhook was sent after the kill: the test did not test", name)
 	}
-	checkNothingHalfWritten(t, s, name, answers, killedAt)
+	checkNothingHalfWritten(t, s, name, answers, ks)
 	st := s.AwaitSettled(t, lastAnswer, name, func() { s.Explain(t, lastAnswer, nil) })
 	s.CheckReceiver(t)
 
@@ -137,8 +137,8 @@ func TestGaleraTheAPIsNodeKilledInTheMiddleOfAFanOut(t *testing.T) {
 	began := time.Now()
 	done := s.Stream(r.Results(), 4*time.Second, 32)
 	time.Sleep(time.Until(began.Add(1500 * time.Millisecond)))
-	g.Nodes[0].Kill()
-	killedAt := time.Now()
+	ks := killing(g.Nodes[0].Kill)
+	killedAt := ks.done
 	// the balancer's health check: a connect every 250 ms
 	for {
 		c, err := net.DialTimeout("tcp", node0, 250*time.Millisecond)
@@ -173,7 +173,7 @@ func TestGaleraTheAPIsNodeKilledInTheMiddleOfAFanOut(t *testing.T) {
 	}
 	// before anything is sent again: every 200 committed, nothing
 	// half-written, a 503 committed only if it was in flight at the kill
-	checkNothingHalfWritten(t, s, name, answers, killedAt)
+	checkNothingHalfWritten(t, s, name, answers, ks)
 	resent, rounds := len(tl.again), sendAgain(t, s, name, tl.again, movedAt)
 	st := s.AwaitSettled(t, movedAt, name, func() { s.Explain(t, movedAt, nil) })
 	s.CheckReceiver(t)
@@ -223,8 +223,8 @@ func wholeRestartRound(t *testing.T, s *testkit.Stack, name string, c interface 
 	began := time.Now()
 	done := s.Stream(r.Results(), 4*time.Second, 32)
 	time.Sleep(time.Until(began.Add(1500 * time.Millisecond)))
-	c.KillAll()
-	killedAt := time.Now()
+	ks := killing(c.KillAll)
+	killedAt := ks.done
 	boot, err := c.RestartAll(within)
 	if err != nil {
 		t.Fatal(err)
@@ -236,7 +236,7 @@ func wholeRestartRound(t *testing.T, s *testkit.Stack, name string, c interface 
 	if tl.unavailable == 0 {
 		t.Errorf("%s: no webhook answered 503: none was sent while the %s was down, the test did not test", name, w.whole)
 	}
-	checkNothingHalfWritten(t, s, name, answers, killedAt)
+	checkNothingHalfWritten(t, s, name, answers, ks)
 	resent, rounds := len(tl.again), sendAgain(t, s, name, tl.again, backAt)
 	st := s.AwaitSettled(t, backAt, name, func() { s.Explain(t, backAt, nil) })
 	s.CheckReceiver(t)
@@ -278,9 +278,8 @@ func TestGaleraNodeWithoutQuorum(t *testing.T) {
 	began := time.Now()
 	done := s.Stream(r.Results(), 11*time.Second, 32)
 	time.Sleep(time.Until(began.Add(1500 * time.Millisecond)))
-	g.Nodes[1].Kill()
-	g.Nodes[2].Kill()
-	killedAt := time.Now()
+	ks := killing(func() { g.Nodes[1].Kill(); g.Nodes[2].Kill() })
+	killedAt := ks.done
 	testkit.WaitUntil(t, 30*time.Second, "node 0 out of the primary component", func() (bool, any) {
 		st := g.Nodes[0].Status("wsrep_cluster_status")
 		return st != "" && st != "Primary", st
@@ -325,7 +324,7 @@ func TestGaleraNodeWithoutQuorum(t *testing.T) {
 	if refused == 0 {
 		t.Errorf("%s: no webhook was sent and answered while the node knew it had no quorum: the test did not test", name)
 	}
-	checkNothingHalfWritten(t, s, name, answers, killedAt)
+	checkNothingHalfWritten(t, s, name, answers, ks)
 	resent, rounds := len(tl.again), sendAgain(t, s, name, tl.again, bootAt)
 	st := s.AwaitSettled(t, bootAt, name, func() { s.Explain(t, bootAt, nil) })
 	s.CheckReceiver(t)
@@ -488,10 +487,12 @@ func silentNodeRound(t *testing.T, g *testha.Galera, name, prefix string, probe 
 	began := time.Now()
 	done := s.Stream(r.Results(), 4*time.Second, 32)
 	time.Sleep(time.Until(began.Add(1500 * time.Millisecond)))
-	if err := silence(); err != nil {
-		t.Fatal(err)
+	var silenceErr error
+	ks := killing(func() { silenceErr = silence() })
+	if silenceErr != nil {
+		t.Fatal(silenceErr)
 	}
-	silencedAt := time.Now()
+	silencedAt := ks.done
 	for {
 		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
 		err := probe.PingContext(ctx)
@@ -510,7 +511,7 @@ func silentNodeRound(t *testing.T, g *testha.Galera, name, prefix string, probe 
 	})
 
 	tl := tallyAnswers(t, name, answers, silencedAt)
-	checkNothingHalfWritten(t, s, name, answers, silencedAt)
+	checkNothingHalfWritten(t, s, name, answers, ks)
 	resent, rounds := len(tl.again), sendAgain(t, s, name, tl.again, movedAt)
 	st := s.AwaitSettled(t, movedAt, name, func() { s.Explain(t, movedAt, nil) })
 	s.CheckReceiver(t)

@@ -64,8 +64,8 @@ func TestGroupReplicationPrimaryKilledInTheMiddleOfAFanOut(t *testing.T) {
 	began := time.Now()
 	done := s.Stream(r.Results(), 4*time.Second, 32)
 	time.Sleep(time.Until(began.Add(1500 * time.Millisecond)))
-	g.Members[0].Kill()
-	killedAt := time.Now()
+	ks := killing(g.Members[0].Kill)
+	killedAt := ks.done
 	testkit.WaitUntil(t, 60*time.Second, "member 1 elected primary", func() (bool, any) {
 		p := g.Primary(1)
 		return p == 1, p
@@ -79,7 +79,7 @@ func TestGroupReplicationPrimaryKilledInTheMiddleOfAFanOut(t *testing.T) {
 	}
 	// before anything is sent again: every 200 committed, nothing
 	// half-written, a 503 committed only if it was in flight at the kill
-	checkNothingHalfWritten(t, s, name, answers, killedAt)
+	checkNothingHalfWritten(t, s, name, answers, ks)
 	resent, rounds := len(tl.again), sendAgain(t, s, name, tl.again, electedAt)
 	st := s.AwaitSettled(t, electedAt, name, func() { s.Explain(t, electedAt, nil) })
 	s.CheckReceiver(t)
@@ -138,10 +138,12 @@ func TestGroupReplicationPrimaryPartitionedAwayInTheMiddleOfAFanOut(t *testing.T
 	began := time.Now()
 	done := s.Stream(r.Results(), 4*time.Second, 32)
 	time.Sleep(time.Until(began.Add(1500 * time.Millisecond)))
-	if err := g.Members[0].Host().Cut(); err != nil {
-		t.Fatal(err)
+	var cutErr error
+	ks := killing(func() { cutErr = g.Members[0].Host().Cut() })
+	if cutErr != nil {
+		t.Fatal(cutErr)
 	}
-	cutAt := time.Now()
+	cutAt := ks.done
 	testkit.WaitUntil(t, 60*time.Second, "member 1 elected primary", func() (bool, any) {
 		p := g.Primary(1)
 		return p == 1, p
@@ -150,7 +152,7 @@ func TestGroupReplicationPrimaryPartitionedAwayInTheMiddleOfAFanOut(t *testing.T
 	answers := <-done
 
 	tl := tallyAnswers(t, name, answers, cutAt)
-	checkNothingHalfWritten(t, s, name, answers, cutAt)
+	checkNothingHalfWritten(t, s, name, answers, ks)
 	resent, rounds := len(tl.again), sendAgain(t, s, name, tl.again, electedAt)
 	st := s.AwaitSettled(t, electedAt, name, func() { s.Explain(t, electedAt, nil) })
 	s.CheckReceiver(t)

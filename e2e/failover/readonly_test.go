@@ -140,7 +140,7 @@ func readOnlyRound(t *testing.T, mdb *testha.SQLServer, rejectReadOnly bool) {
 
 	// Before anything is sent again: every 200 committed, nothing written
 	// for a 503, nothing half-written anywhere.
-	checkNothingHalfWritten(t, s, name, answers, time.Time{})
+	checkNothingHalfWritten(t, s, name, answers, killSpan{})
 
 	resent, rounds := len(again), sendAgain(t, s, name, again, offAt)
 	st := s.AwaitSettled(t, offAt, name, func() { s.Explain(t, offAt, nil) })
@@ -165,6 +165,26 @@ func readOnlyRound(t *testing.T, mdb *testha.SQLServer, rejectReadOnly bool) {
 	}
 }
 
+// killSpan is when a test took servers away: from just before the first
+// signal (or cut) to just after the call that did it returned, which for a
+// kill waits for the processes to exit. A kill is an interval, not an
+// instant: a COMMIT that reached a node just before its SIGKILL can be
+// answered 503 before the exit is reaped.
+type killSpan struct{ began, done time.Time }
+
+// killing runs kill and returns its span.
+func killing(kill func()) killSpan {
+	began := time.Now()
+	kill()
+	return killSpan{began: began, done: time.Now()}
+}
+
+// inFlight says whether a was in flight at some moment of the kill: sent
+// before it was over and answered after it began.
+func (k killSpan) inFlight(a testkit.Answer) bool {
+	return !k.began.IsZero() && a.Start.Before(k.done) && a.End.After(k.began)
+}
+
 // checkNothingHalfWritten compares every result's answer with the
 // database: a result answered 200 has its id_commands row gone (the
 // enrollment's step is complete) and its completion event in the outbox
@@ -173,13 +193,13 @@ func readOnlyRound(t *testing.T, mdb *testha.SQLServer, rejectReadOnly bool) {
 // gone together with an event.
 //
 // The one exception is a webhook in flight when the server was killed
-// (killedAt, zero for none): its COMMIT may have reached the server and
-// its answer not, and the storage cannot tell until the server is back, so
-// it answers 503 for a result that may be committed. Sent again, it
-// answers 200 (the result is known), which the caller checks.
-func checkNothingHalfWritten(t *testing.T, s *testkit.Stack, name string, answers []testkit.Answer, killedAt time.Time) {
+// (k, the zero killSpan for none): its COMMIT may have reached the server
+// and its answer not, and the storage cannot tell until the server is
+// back, so it answers 503 for a result that may be committed. Sent again,
+// it answers 200 (the result is known), which the caller checks.
+func checkNothingHalfWritten(t *testing.T, s *testkit.Stack, name string, answers []testkit.Answer, k killSpan) {
 	t.Helper()
-	for _, a := range compareWithDatabase(t, s, name, answers, killedAt) {
+	for _, a := range compareWithDatabase(t, s, name, answers, k) {
 		t.Errorf("%s: %s: a false 200: its result is not committed", name, a.X)
 	}
 }
@@ -187,7 +207,7 @@ func checkNothingHalfWritten(t *testing.T, s *testkit.Stack, name string, answer
 // compareWithDatabase is checkNothingHalfWritten but for the results
 // answered 200 and not committed, which it returns: on a promoted
 // asynchronous replica, what the failover lost.
-func compareWithDatabase(t *testing.T, s *testkit.Stack, name string, answers []testkit.Answer, killedAt time.Time) (lost []testkit.Answer) {
+func compareWithDatabase(t *testing.T, s *testkit.Stack, name string, answers []testkit.Answer, k killSpan) (lost []testkit.Answer) {
 	t.Helper()
 	type row struct{ completed, hasResult bool }
 	rows := map[string]row{}
@@ -238,8 +258,7 @@ func compareWithDatabase(t *testing.T, s *testkit.Stack, name string, answers []
 			wrong = append(wrong, fmt.Sprintf("%s (answered %d): half-written: an event for a step the enrollment has not completed", a.X, a.Status))
 		case !present && !event:
 			wrong = append(wrong, fmt.Sprintf("%s (answered %d): half-written: row gone without an event", a.X, a.Status))
-		case a.Status == http.StatusServiceUnavailable && !present &&
-			!killedAt.IsZero() && a.Start.Before(killedAt) && a.End.After(killedAt):
+		case a.Status == http.StatusServiceUnavailable && !present && k.inFlight(a):
 			ambiguous++
 		case a.Status == http.StatusServiceUnavailable && !present:
 			wrong = append(wrong, fmt.Sprintf("%s: answered 503 but committed", a.X))
@@ -257,7 +276,7 @@ func compareWithDatabase(t *testing.T, s *testkit.Stack, name string, answers []
 		t.Errorf("%s: %s", name, w)
 	}
 	inFlight := ""
-	if !killedAt.IsZero() {
+	if !k.began.IsZero() {
 		inFlight = fmt.Sprintf(", %d committed and answered 503 (in flight at the kill)", ambiguous)
 	}
 	t.Logf("%s: before anything was sent again: %d results committed (answered 200), %d untouched (answered 503)%s, %d answered 200 and not committed, %d wrong",

@@ -62,9 +62,8 @@ func TestAsyncReplicaPromotedAfterThePrimaryDies(t *testing.T) {
 	began := time.Now()
 	done := s.Stream(r.Results(), 4*time.Second, 32)
 	time.Sleep(time.Until(began.Add(1500 * time.Millisecond)))
-	rp.Primary.Kill()
-	rp.Link.Cut()
-	killedAt := time.Now()
+	ks := killing(func() { rp.Primary.Kill(); rp.Link.Cut() })
+	killedAt := ks.done
 	received, err := rp.Promote(10 * time.Second)
 	if err != nil {
 		t.Fatal(err)
@@ -78,7 +77,7 @@ func TestAsyncReplicaPromotedAfterThePrimaryDies(t *testing.T) {
 	if !tl.firstOK.After(movedAt) {
 		t.Errorf("%s: no webhook sent after the move was answered 200", name)
 	}
-	lost := compareWithDatabase(t, s, name, answers, killedAt)
+	lost := compareWithDatabase(t, s, name, answers, ks)
 	delivered := 0 // before they are sent again
 	for _, a := range lost {
 		again = append(again, a.X)

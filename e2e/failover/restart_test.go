@@ -51,8 +51,8 @@ func TestMySQLKilledAndRestarted(t *testing.T) {
 	done := s.Stream(results[:k], before+down+starting, 32)
 	// the fault's own schedule, not a wait for a condition
 	time.Sleep(time.Until(began.Add(before)))
-	srv.Kill()
-	killedAt := time.Now()
+	ks := killing(srv.Kill)
+	killedAt := ks.done
 	time.Sleep(time.Until(killedAt.Add(down)))
 	restartIssued := time.Now()
 	if err := srv.Restart(); err != nil {
@@ -114,7 +114,7 @@ func TestMySQLKilledAndRestarted(t *testing.T) {
 
 	// Before anything is sent again: every 200 survived the crash, nothing
 	// half-written anywhere.
-	checkNothingHalfWritten(t, s, name, answers, killedAt)
+	checkNothingHalfWritten(t, s, name, answers, ks)
 
 	// the 503 ones again, as the enrollments must end up done
 	resent, rounds := len(again), 0
