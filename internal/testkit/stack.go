@@ -35,6 +35,9 @@ type StackConfig struct {
 	// Receiver, when set, starts a Receiver and points the worker's
 	// -callback-url at it.
 	Receiver *ReceiverOptions
+	// ProbeStalls starts a StallProbe on DB: AwaitSettled's bound then
+	// grows by what the database itself stood still after the fault.
+	ProbeStalls bool
 }
 
 // Stack is one api and one worker, the built binaries, running against a
@@ -48,6 +51,7 @@ type Stack struct {
 	APIURL     string
 	WorkerAddr string
 	Client     *Client
+	Stalls     *StallProbe // nil unless StackConfig.ProbeStalls
 	// WantEvents is how many distinct step.completed events the rounds
 	// enqueued so far must end in.
 	WantEvents int
@@ -64,6 +68,9 @@ func StartStack(t testing.TB, cfg StackConfig) *Stack {
 		cfg.Bins = services
 	}
 	s := &Stack{cfg: cfg, DB: cfg.DB, steps: map[int64]string{}}
+	if cfg.ProbeStalls {
+		s.Stalls = StartStallProbe(t, cfg.DB)
+	}
 	if cfg.Receiver != nil {
 		s.Rcv = NewReceiver(t, *cfg.Receiver)
 		s.cfg.WorkerArgs = append([]string{"-callback-url", s.Rcv.URL}, cfg.WorkerArgs...)
@@ -306,10 +313,16 @@ func (st Settled) String() string {
 		st.Collected.Round(time.Millisecond), st.Delivered.Round(time.Millisecond), st.Drained.Round(time.Millisecond))
 }
 
+// Deadline is SettleBound after from, and later by as long as the
+// database itself stood still since from (Stalls; nothing without one).
+func (s *Stack) Deadline(from time.Time) time.Time {
+	return from.Add(SettleBound + s.Stalls.Stalled(from, time.Now()))
+}
+
 // AwaitSettled waits until every step is collected, WantEvents distinct
 // events are delivered and the outbox is empty, noting when each first
-// held, and fails t for whichever did not within SettleBound of from. Then
-// it calls explain (if not nil) and keeps watching up to SettleOvertime
+// held, and fails t for whichever did not by Deadline(from). Then it
+// calls explain (if not nil) and keeps watching up to SettleOvertime
 // more, to say how late.
 func (s *Stack) AwaitSettled(t testing.TB, from time.Time, what string, explain func()) Settled {
 	t.Helper()
@@ -328,23 +341,49 @@ func (s *Stack) AwaitSettled(t testing.TB, from time.Time, what string, explain 
 		}
 		return !collectedAt.IsZero() && !deliveredAt.IsZero() && !drainedAt.IsZero()
 	}
-	if _, ok := Watch(from.Add(SettleBound), check); !ok {
+	_, ok := watchUntil(func() time.Time { return s.Deadline(from) }, check)
+	if !ok {
 		if explain != nil {
 			explain()
 		}
-		Watch(from.Add(SettleBound+SettleOvertime), check)
-		for _, c := range []struct {
-			name string
-			at   time.Time
-		}{{"steps collected", collectedAt}, {"events delivered", deliveredAt}, {"outbox empty", drainedAt}} {
-			switch {
-			case c.at.IsZero():
-				t.Errorf("%s: %s: not within %v, still not after %v more", what, c.name, SettleBound, SettleOvertime)
-			case c.at.Sub(from) > SettleBound:
-				t.Errorf("%s: %s: not within %v; done after %v (%v late)", what, c.name, SettleBound,
-					c.at.Sub(from).Round(time.Millisecond), (c.at.Sub(from) - SettleBound).Round(time.Millisecond))
-			}
+		Watch(s.Deadline(from).Add(SettleOvertime), check)
+	}
+	// the bound for each is what the database stood still before it was
+	// done: a stall after the work was over excuses nothing
+	boundFor := func(at time.Time) time.Duration {
+		if at.IsZero() {
+			at = time.Now()
 		}
+		return SettleBound + s.Stalls.Stalled(from, at)
+	}
+	last := time.Time{}
+	for _, at := range []time.Time{collectedAt, deliveredAt, drainedAt} {
+		if at.IsZero() {
+			last = time.Time{}
+			break
+		}
+		if at.After(last) {
+			last = at
+		}
+	}
+	if stalled := boundFor(last) - SettleBound; stalled > 0 {
+		t.Logf("%s: the database itself stood still for %v after the fault's end (%s): the bound is %v + %v",
+			what, stalled.Round(time.Millisecond), s.Stalls, SettleBound, stalled.Round(time.Millisecond))
+	}
+	for _, c := range []struct {
+		name string
+		at   time.Time
+	}{{"steps collected", collectedAt}, {"events delivered", deliveredAt}, {"outbox empty", drainedAt}} {
+		bound := boundFor(c.at)
+		switch {
+		case c.at.IsZero():
+			t.Errorf("%s: %s: not within %v, still not after %v more", what, c.name, bound.Round(time.Millisecond), SettleOvertime)
+		case c.at.Sub(from) > bound:
+			t.Errorf("%s: %s: not within %v; done after %v (%v late)", what, c.name, bound.Round(time.Millisecond),
+				c.at.Sub(from).Round(time.Millisecond), (c.at.Sub(from) - bound).Round(time.Millisecond))
+		}
+	}
+	if !ok {
 		t.Logf("%s: after the overtime: %s; %d of %d events delivered (%s)", what, s.Left(t), s.Rcv.Distinct(), s.WantEvents, s.Rcv.Stats())
 	}
 	since := func(at time.Time) time.Duration {

@@ -33,11 +33,17 @@ func WaitUntil(t testing.TB, within time.Duration, what string, cond func() (don
 // first held. It fails nothing: tests that measure a bound and keep watching
 // after it (to say how late) use it directly; the others use WaitUntil.
 func Watch(until time.Time, cond func() bool) (time.Time, bool) {
+	return watchUntil(func() time.Time { return until }, cond)
+}
+
+// watchUntil is Watch with a deadline that may move (later, as a stall
+// probe sees the database stand still).
+func watchUntil(until func() time.Time, cond func() bool) (time.Time, bool) {
 	for {
 		if cond() {
 			return time.Now(), true
 		}
-		if time.Now().After(until) {
+		if time.Now().After(until()) {
 			return time.Time{}, false
 		}
 		time.Sleep(pollEvery)
