@@ -82,7 +82,7 @@ func (s *Storage) checkResult(id string, sc *nanostorage.StepCommandResult) erro
 		return storage.Errorf(storage.EInvalid, "command_uuid: empty (enrollment %s)", id)
 	case len(sc.ResultReport) > maxMediumText:
 		return storage.Errorf(storage.ETooLarge, "result: %d bytes, more than the %d the result column holds (enrollment %s, command %s)", len(sc.ResultReport), maxMediumText, id, sc.CommandUUID)
-	case escapedLen(sc.ResultReport)+stmtOverhead > s.maxPacket:
+	case escapedOver(sc.ResultReport, s.maxPacket-stmtOverhead):
 		return s.tooLarge("result", fmt.Sprintf("its statement (%d bytes of result; enrollment %s, command %s)", len(sc.ResultReport), id, sc.CommandUUID), escapedLen(sc.ResultReport)+stmtOverhead)
 	}
 	return nil

@@ -75,6 +75,18 @@ func escapedLen(b []byte) int {
 	return n
 }
 
+// escapedOver says whether b, as escapedLen counts it, takes more than
+// limit bytes. Escaping at most doubles b, so a value of less than half
+// the limit (every result and event under a server's usual
+// max_allowed_packet) is answered from its length, without reading it:
+// the scan was about 4% of the api's CPU end to end.
+func escapedOver(b []byte, limit int) bool {
+	if 2*len(b) <= limit {
+		return false
+	}
+	return escapedLen(b) > limit
+}
+
 // textCost bounds what a short string takes in an event as its INSERT
 // sends it: JSON-escaped (up to \u00XX for a byte), then every quote and
 // backslash escaped again by the driver.

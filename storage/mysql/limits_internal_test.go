@@ -42,3 +42,47 @@ func TestAnEventsSizeBoundIsNeverBelowItsEscapedJSON(t *testing.T) {
 		}
 	}
 }
+
+// escapedOver answers as escapedLen would at every limit around a value's
+// size, for values of nothing but bytes the driver escapes, of none, and
+// of both; the length-only answer never says a value fits that does not.
+func TestEscapedOverAgreesWithTheEscapedLength(t *testing.T) {
+	t.Parallel()
+	for _, b := range [][]byte{
+		nil, []byte("plain text"), bytes.Repeat([]byte{'\''}, 100), bytes.Repeat([]byte("a\\b\"c\n\x00\x1a\r"), 50),
+		append(bytes.Repeat([]byte{'x'}, 99), '\''),
+	} {
+		n := escapedLen(b)
+		for _, limit := range []int{0, 1, len(b) - 1, len(b), len(b) + 1, n - 1, n, n + 1, 2*len(b) - 1, 2 * len(b), 2*len(b) + 1} {
+			if limit < 0 {
+				continue
+			}
+			if got, want := escapedOver(b, limit), n > limit; got != want {
+				t.Errorf("%d bytes (%d escaped), limit %d: escapedOver says %v, want %v", len(b), n, limit, got, want)
+			}
+		}
+	}
+}
+
+// The size check of a result, as the webhook runs it on each: a 4 KiB
+// plist against the 16 MiB packet of MariaDB's default.
+func BenchmarkEscapedSizeCheck(b *testing.B) {
+	result := bytes.Repeat([]byte("<key>OSVersion</key>\n\t<string>17.1</string>\n"), 4096/45)
+	limit := 16<<20 - stmtOverhead
+	b.Run("escapedLen", func(b *testing.B) {
+		b.SetBytes(int64(len(result)))
+		for b.Loop() {
+			if escapedLen(result) > limit {
+				b.Fatal("over")
+			}
+		}
+	})
+	b.Run("escapedOver", func(b *testing.B) {
+		b.SetBytes(int64(len(result)))
+		for b.Loop() {
+			if escapedOver(result, limit) {
+				b.Fatal("over")
+			}
+		}
+	})
+}

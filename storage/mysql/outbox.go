@@ -38,8 +38,8 @@ func (s *Storage) outboxRow(ev *events.Event, enrollment string) ([]any, error) 
 	if err != nil {
 		return nil, fmt.Errorf("encoding %s event: %w", ev.Type, err)
 	}
-	if n := escapedLen(payload); n > s.eventLimit() {
-		return nil, fmt.Errorf("writing %s event %s to the outbox: %w", ev.Type, ev.EventID, s.tooLarge("event", "the event", n))
+	if escapedOver(payload, s.eventLimit()) {
+		return nil, fmt.Errorf("writing %s event %s to the outbox: %w", ev.Type, ev.EventID, s.tooLarge("event", "the event", escapedLen(payload)))
 	}
 	return []any{ev.EventID, ev.Type, ev.Step.StepID, nullString(enrollment), payload}, nil
 }
