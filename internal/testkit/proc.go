@@ -5,6 +5,7 @@ package testkit
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -70,13 +71,43 @@ func FreePort(t testing.TB) int {
 }
 
 // PickPort is FreePort outside a test (the bench's).
+//
+// The port comes from below the kernel's ephemeral range
+// (ip_local_port_range), never from it. A port picked now is often
+// listened on much later (a Galera node's IST receiver only binds when
+// the node rejoins), and meanwhile any outgoing connection on the machine
+// may be given an ephemeral port as its own local one: a port the kernel
+// handed out for ":0" is one of those. One that did cost a CI run ("Failed
+// to open IST listener … Address already in use", the node aborting).
 func PickPort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
+	lo, hi := pickRange()
+	for range 200 {
+		port := lo + rand.IntN(hi-lo)
+		ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
+		if err != nil {
+			continue // in use: another
+		}
+		ln.Close()
+		return port, nil
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
+	return 0, fmt.Errorf("no free port in %d–%d after 200 tries", lo, hi-1)
+}
+
+// pickRange is where PickPort draws from: [10000, the first ephemeral
+// port), or 10000–32767 where the range cannot be read or starts too low
+// to leave room below it.
+func pickRange() (lo, hi int) {
+	lo, hi = 10000, 32768
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return lo, hi
+	}
+	if f := strings.Fields(string(b)); len(f) == 2 {
+		if first, err := strconv.Atoi(f[0]); err == nil && first > lo+1000 {
+			hi = first
+		}
+	}
+	return lo, hi
 }
 
 // FreeAddr returns a 127.0.0.1 address with a port free right now.

@@ -2,7 +2,10 @@ package testkit_test
 
 import (
 	"fmt"
+	"net"
+	"os"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -42,5 +45,40 @@ func TestAwaitHTTPGivesUpWhenTheProcessExits(t *testing.T) {
 	}
 	if !strings.Contains(rec.msg, "exited: true") || !strings.Contains(rec.msg, "cannot start: no such database") {
 		t.Errorf("failure %q, want it to say the process exited, with its output", rec.msg)
+	}
+}
+
+// The ports handed out for servers to listen on later are never ones the
+// kernel may give an outgoing connection meanwhile: below the ephemeral
+// range, and free when picked.
+func TestPickPortStaysOutOfTheEphemeralRange(t *testing.T) {
+	t.Parallel()
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		t.Fatalf("reading the ephemeral range: %v", err)
+	}
+	f := strings.Fields(string(b))
+	first, err := strconv.Atoi(f[0])
+	if err != nil || len(f) != 2 {
+		t.Fatalf("ip_local_port_range %q: %v", b, err)
+	}
+	seen := map[int]bool{}
+	for range 100 {
+		port, err := testkit.PickPort()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if port < 10000 || port >= first {
+			t.Fatalf("picked %d, want in 10000–%d (below the ephemeral range %s)", port, first-1, strings.TrimSpace(string(b)))
+		}
+		seen[port] = true
+		ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		if err != nil {
+			t.Fatalf("picked %d, which cannot be listened on: %v", port, err)
+		}
+		ln.Close()
+	}
+	if len(seen) < 90 {
+		t.Errorf("100 picks gave %d distinct ports: not spread over the range", len(seen))
 	}
 }
