@@ -311,3 +311,31 @@ func sendAgain(t *testing.T, s *testkit.Stack, name string, again []testkit.Resu
 	}
 	return rounds
 }
+
+// A request is in flight at a kill if it overlaps any moment of it: one
+// answered while the processes were being reaped counts (the race a
+// single instant taken after the kill lost), one that ended before the
+// signal or began after the reap does not, and no kill counts nothing.
+func TestAKillIsAnInterval(t *testing.T) {
+	t0 := time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	k := killSpan{began: at(100), done: at(300)}
+	for _, c := range []struct {
+		name       string
+		start, end int
+		want       bool
+	}{
+		{"answered while the exits were reaped", 50, 200, true},
+		{"sent during the kill, answered after", 150, 400, true},
+		{"across the whole kill", 0, 500, true},
+		{"answered before the signal", 0, 90, false},
+		{"sent after the reap", 310, 400, false},
+	} {
+		if got := k.inFlight(testkit.Answer{Start: at(c.start), End: at(c.end)}); got != c.want {
+			t.Errorf("%s (%d–%d ms, kill 100–300 ms): in flight %v, want %v", c.name, c.start, c.end, got, c.want)
+		}
+	}
+	if (killSpan{}).inFlight(testkit.Answer{Start: at(0), End: at(500)}) {
+		t.Error("no kill: a request counted in flight")
+	}
+}
