@@ -88,6 +88,14 @@ type Dispatcher struct {
 	// never within one.
 	mu   sync.Mutex
 	mine map[int64]bool
+	// acked is every event this worker acknowledged while a claim of one of
+	// its loops was running, with when. That claim may still return it: its
+	// locking read can come before the acknowledging DELETE (which then
+	// waits for the claim's COMMIT), and the loop that posted the event can
+	// release it from mine before the claiming loop looks there. Kept until
+	// no claim that started before the acknowledgement is running.
+	acked  map[int64]time.Time
+	claims map[int]time.Time // each loop's claim in progress, since when
 }
 
 // NewDispatcher returns a Dispatcher posting through d.
@@ -112,7 +120,7 @@ func NewDispatcher(cfg DispatchConfig, d *Deliverer, store DispatchStore) *Dispa
 	}
 	// every loop POSTs a whole batch at once: that many connections, kept
 	d.keepOpen(cfg.Loops * cfg.Batch)
-	return &Dispatcher{cfg: cfg, d: d, store: store, mine: map[int64]bool{}}
+	return &Dispatcher{cfg: cfg, d: d, store: store, mine: map[int64]bool{}, acked: map[int64]time.Time{}, claims: map[int]time.Time{}}
 }
 
 // Run delivers until ctx ends, then lets the POSTs in flight finish (up to
@@ -133,19 +141,20 @@ func (p *Dispatcher) Run(ctx context.Context) {
 	})
 	defer stop()
 	var wg sync.WaitGroup
-	for range p.cfg.Loops {
+	for i := range p.cfg.Loops {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			p.loop(ctx, work)
+			p.loop(ctx, work, i)
 		}()
 	}
 	wg.Wait()
 }
 
-func (p *Dispatcher) loop(ctx, work context.Context) {
+func (p *Dispatcher) loop(ctx, work context.Context, i int) {
 	failing := false
 	for ctx.Err() == nil {
+		p.claimStarts(i)
 		evs, err := p.store.ClaimDueEvents(ctx, p.cfg.Batch, p.cfg.Lease)
 		if errors.Is(err, storage.ErrDeliveryPaused) {
 			if p.paused.CompareAndSwap(false, true) {
@@ -167,7 +176,7 @@ func (p *Dispatcher) loop(ctx, work context.Context) {
 			failing = false
 		}
 		claimed := len(evs)
-		if evs = p.own(evs); len(evs) > 0 {
+		if evs = p.own(i, evs); len(evs) > 0 {
 			p.deliverBatch(work, evs)
 		}
 		if claimed < p.cfg.Batch {
@@ -179,9 +188,18 @@ func (p *Dispatcher) loop(ctx, work context.Context) {
 	}
 }
 
-// own keeps the claimed events no loop of this worker is delivering yet,
-// and marks them as being delivered.
-func (p *Dispatcher) own(evs []*storage.OutboxEvent) []*storage.OutboxEvent {
+// claimStarts records that loop i's claim is starting: what this worker
+// acknowledges from now on may still come back in it (acked).
+func (p *Dispatcher) claimStarts(i int) {
+	p.mu.Lock()
+	p.claims[i] = time.Now()
+	p.mu.Unlock()
+}
+
+// own keeps the events loop i claimed that no loop of this worker is
+// delivering yet or has acknowledged while the claim ran, marks them as
+// being delivered, and ends the claim.
+func (p *Dispatcher) own(i int, evs []*storage.OutboxEvent) []*storage.OutboxEvent {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	kept := evs[:0]
@@ -192,10 +210,34 @@ func (p *Dispatcher) own(evs []*storage.OutboxEvent) []*storage.OutboxEvent {
 				Msg("claimed an event this worker is still delivering (its lease lapsed: renewals late); not posting it twice")
 			continue
 		}
+		if _, ok := p.acked[ev.ID]; ok {
+			p.d.logger.Warn().Int64(logkeys.OutboxID, ev.ID).Str(logkeys.EventID, ev.EventID).Stringer("lease", p.cfg.Lease).
+				Msg("claimed an event this worker delivered and acknowledged while the claim ran (its lease lapsed: renewals late); not posting it again")
+			continue
+		}
 		p.mine[ev.ID] = true
 		kept = append(kept, ev)
 	}
+	delete(p.claims, i)
+	// what was acknowledged before every running claim started cannot
+	// come back: those claims read the outbox after its DELETE committed
+	for id, at := range p.acked {
+		if !p.claimedBefore(at) {
+			delete(p.acked, id)
+		}
+	}
 	return kept
+}
+
+// claimedBefore says whether a claim that started before t is running.
+// Called with p.mu held.
+func (p *Dispatcher) claimedBefore(t time.Time) bool {
+	for _, start := range p.claims {
+		if start.Before(t) {
+			return true
+		}
+	}
+	return false
 }
 
 // deliverBatch POSTs evs concurrently, renewing the lease of each until it
@@ -212,15 +254,21 @@ func (p *Dispatcher) deliverBatch(ctx context.Context, evs []*storage.OutboxEven
 	for _, ev := range evs {
 		leased[ev.ID] = ev.OutboxRef
 	}
-	release := func(refs ...storage.OutboxRef) {
+	// release ends refs' deliveries, acknowledged (deleted from the
+	// outbox) or not.
+	release := func(acknowledged bool, refs ...storage.OutboxRef) {
 		mu.Lock()
 		for _, r := range refs {
 			delete(leased, r.ID)
 		}
 		mu.Unlock()
 		p.mu.Lock()
+		now := time.Now()
 		for _, r := range refs {
 			delete(p.mine, r.ID)
+			if acknowledged && p.claimedBefore(now) {
+				p.acked[r.ID] = now
+			}
 		}
 		p.mu.Unlock()
 	}
@@ -264,7 +312,7 @@ func (p *Dispatcher) deliverBatch(ctx context.Context, evs []*storage.OutboxEven
 				delivered <- ev.OutboxRef // keeps its lease until acknowledged
 				return
 			}
-			release(ev.OutboxRef)
+			release(false, ev.OutboxRef)
 			if ctx.Err() != nil {
 				mu.Lock()
 				abandoned++ // stopping: its lease lapses, another worker takes it
@@ -302,7 +350,7 @@ func (p *Dispatcher) deliverBatch(ctx context.Context, evs []*storage.OutboxEven
 // acknowledge removes each delivered event as it arrives. Events delivered
 // while an acknowledgement runs go together in the next statement, so a
 // batch answered at once costs a few statements, not one per event.
-func (p *Dispatcher) acknowledge(ctx context.Context, delivered <-chan storage.OutboxRef, release func(...storage.OutboxRef)) {
+func (p *Dispatcher) acknowledge(ctx context.Context, delivered <-chan storage.OutboxRef, release func(bool, ...storage.OutboxRef)) {
 	for ref := range delivered {
 		refs := []storage.OutboxRef{ref}
 	more:
@@ -317,12 +365,12 @@ func (p *Dispatcher) acknowledge(ctx context.Context, delivered <-chan storage.O
 				break more
 			}
 		}
-		p.ack(ctx, refs)
-		release(refs...)
+		release(p.ack(ctx, refs), refs...)
 	}
 }
 
-func (p *Dispatcher) ack(ctx context.Context, refs []storage.OutboxRef) {
+// ack removes refs from the outbox and says whether it did.
+func (p *Dispatcher) ack(ctx context.Context, refs []storage.OutboxRef) bool {
 	if ctx.Err() != nil {
 		// the work context is gone: acknowledge on a short one of our own,
 		// or these delivered events are delivered again
@@ -334,9 +382,10 @@ func (p *Dispatcher) ack(ctx context.Context, refs []storage.OutboxRef) {
 		// delivered but not removed: they will be delivered again once
 		// their lease lapses, which the receiver's dedup on event_id absorbs
 		p.d.logger.Warn().Err(err).Int(logkeys.Count, len(refs)).Msg("removing delivered events")
-		return
+		return false
 	}
 	p.d.logger.Debug().Int(logkeys.Count, len(refs)).Msg("events delivered")
+	return true
 }
 
 // holds says whether ev, whose try just failed, has used up its attempts
