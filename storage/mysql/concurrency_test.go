@@ -12,6 +12,7 @@ import (
 
 	"github.com/stepcollect/stepcollect/internal/testkit"
 	"github.com/stepcollect/stepcollect/storage"
+	stepmysql "github.com/stepcollect/stepcollect/storage/mysql"
 )
 
 // requireRealConcurrency fails a concurrency test whose pool could not have
@@ -478,5 +479,57 @@ func TestLockWaitTimeoutIsRetriedNotSurfaced(t *testing.T) {
 	}
 	if c := countRows(t, b.db.DB); c != (testkit.StepRows{}) {
 		t.Errorf("rows left: %+v", c)
+	}
+}
+
+// At most WithMaxActiveResults results are in a transaction at once,
+// whatever the pool allows: 200 enrollments answering one step at once on
+// a pool of 48, bounded to 4, have at most 4 in a transaction, and every
+// one completes its step exactly once. Bounded only by the pool's 48, the
+// same load has more than 4 at once: the bound is what holds them.
+func TestResultsInATransactionAtOnceStayWithinTheBound(t *testing.T) {
+	t.Parallel()
+	const n = 200
+	for _, bound := range []int{4, testkit.PoolSize} {
+		t.Run(fmt.Sprint("bound ", bound), func(t *testing.T) {
+			t.Parallel()
+			_, store := testkit.NewStorage(t, stepmysql.WithMaxActiveResults(bound))
+			step := testkit.FanOut(fmt.Sprint("bound", bound), n, 1)
+			if err := store.StoreStep(t.Context(), step, time.Now()); err != nil {
+				t.Fatal(err)
+			}
+			var wg sync.WaitGroup
+			var mu sync.Mutex
+			completed := 0
+			release := make(chan struct{})
+			for _, id := range step.IDs {
+				wg.Go(func() {
+					<-release
+					res, err := store.StoreCommandResponseAndRetrieveCompletedStep(t.Context(), id, testkit.CommandResult(step.Commands[0].CommandUUID))
+					if err != nil {
+						t.Errorf("%s: %v", id, err)
+						return
+					}
+					if res != nil {
+						mu.Lock()
+						completed++
+						mu.Unlock()
+					}
+				})
+			}
+			close(release)
+			wg.Wait()
+			if completed != n {
+				t.Errorf("%d of %d enrollments completed their step", completed, n)
+			}
+			peak := stepmysql.ActiveResultsPeak(store)
+			switch {
+			case bound < testkit.PoolSize && peak > int64(bound):
+				t.Errorf("%d results were in a transaction at once, bound %d", peak, bound)
+			case bound == testkit.PoolSize && peak <= 4:
+				t.Errorf("at most %d results were in a transaction at once with the pool's %d: the load does not test a bound of 4", peak, bound)
+			}
+			t.Logf("bound %d: at most %d at once", bound, peak)
+		})
 	}
 }

@@ -44,3 +44,7 @@ func PredictedDelete(id, own string, stepID int64, others []string) (string, []a
 	}
 	return q, args
 }
+
+// ActiveResultsPeak is the most results s has had in a transaction at once
+// (WithMaxActiveResults); 0 without a bound.
+func ActiveResultsPeak(s *Storage) int64 { return s.resultsPeak.Load() }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/stepcollect/stepcollect/logkeys"
+	"github.com/stepcollect/stepcollect/storage"
 )
 
 // maxConnRetries bounds the retries of a transaction whose connection broke.
@@ -45,9 +46,15 @@ var errAttemptTimedOut = errors.New("the try took longer than its bound (the ser
 func (s *Storage) retry(ctx context.Context, op string, try func(ctx context.Context, a *attempt) error) error {
 	a := &attempt{}
 	connRetries := 0
+	bounded := s.results != nil && (op == storage.OpStoreResult || op == storage.OpStoreNotNow)
 	for {
 		a.n++
-		err := s.tryWithin(ctx, a, try)
+		var err error
+		if bounded {
+			err = s.asResult(ctx, op, func() error { return s.tryWithin(ctx, a, try) })
+		} else {
+			err = s.tryWithin(ctx, a, try)
+		}
 		if err == nil {
 			return nil
 		}
@@ -74,6 +81,25 @@ func (s *Storage) retry(ctx context.Context, op string, try func(ctx context.Con
 			return fmt.Errorf("%s: %w (while waiting to retry after: %v)", op, ctxErr, err)
 		}
 	}
+}
+
+// asResult runs try as one of the results in a transaction at once
+// (WithMaxActiveResults), once its turn comes. The turn is for one try:
+// a try that failed waits out its backoff without it.
+func (s *Storage) asResult(ctx context.Context, op string, try func() error) error {
+	select {
+	case s.results <- struct{}{}:
+	case <-ctx.Done():
+		return fmt.Errorf("%s: waiting for a turn among the %d results in a transaction at once: %w", op, cap(s.results), ctx.Err())
+	}
+	defer func() { <-s.results }()
+	for n := int64(len(s.results)); ; {
+		peak := s.resultsPeak.Load()
+		if n <= peak || s.resultsPeak.CompareAndSwap(peak, n) {
+			break
+		}
+	}
+	return try()
 }
 
 // tryWithin runs one try under s.attemptTimeout. A try cut off by it
