@@ -29,15 +29,17 @@ import (
 //
 //	START TRANSACTION;
 //	DELETE the predicted rows by key, each only in its predicted state;
-//	the guard: fail unless that deleted every one of them;
-//	INSERT the event; COMMIT
+//	INSERT the event, guarded: fail unless that deleted every one of them;
+//	COMMIT
 //
 // The delete is the locking read: it locks the rows it deletes, by their
-// primary keys, the enrollment's own and no other. The guard (qGuardDeleted)
-// is what keeps this a prediction and never an inference: a row not in its
-// predicted state (a command still outstanding, a result other than the
-// one the event carries) is not deleted, ROW_COUNT() falls short, the
-// guard's statement fails, and the server runs nothing after it. The
+// primary keys, the enrollment's own and no other. The guard (on the
+// event's INSERT, qInsertOutboxGuarded, or a statement of its own,
+// qGuardDeleted, where there is no evidence row to carry it) is what keeps
+// this a prediction and never an inference: a row not in its predicted
+// state (a command still outstanding, a result other than the one the
+// event carries) is not deleted, ROW_COUNT() falls short, the guarded
+// statement fails, and the server runs nothing after it. The
 // completion then rolls the transaction back and runs the two-trip path
 // from the start. No row of a step can be missing from a prediction: an
 // enrollment's rows of a step are inserted together (StoreStep) and
@@ -309,8 +311,15 @@ func (c *completion) oneTrip(ctx context.Context, ct *connTx, a *attempt, p *pre
 		c.stepID = 0
 		return false, errNoPrediction
 	}
-	q := ct.begin(qDeletePredicted+strings.Join(branches, " OR ")) + "; " + qGuardDeleted + "; " + strings.Join(append(ct.stmts, "COMMIT"), "; ")
+	// the guard's count, then the evidence's values: the same arguments
+	// whether the guard is a statement of its own or its INSERT's
 	args = append(args, ct.args...)
+	q := ct.begin(qDeletePredicted+strings.Join(branches, " OR ")) + "; "
+	if g, ok := guardedEvidence(ct.stmts); ok {
+		q += g + "; COMMIT"
+	} else {
+		q += qGuardDeleted + "; " + strings.Join(append(ct.stmts, "COMMIT"), "; ")
+	}
 	whats := strings.Join(ct.whats, ", ")
 	ct.unqueue()
 
@@ -320,7 +329,7 @@ func (c *completion) oneTrip(ctx context.Context, ct *connTx, a *attempt, p *pre
 		ct.ended = true
 		c.s.hints.committed.Add(1)
 		return true, nil
-	case mysqlErrNo(err) == erGuardRefused:
+	case mysqlErrNo(err) == erGuardRefused || mysqlErrNo(err) == erGuardRefusedNull:
 		// The delete may have taken some of the rows: nothing of this
 		// transaction may stay.
 		c.s.hints.refused.Add(1)
@@ -394,8 +403,31 @@ func (ct *connTx) rollbackRefused(ctx context.Context, what string, stepID int64
 const tallyOwn = 1000
 
 // erGuardRefused is ER_WRONG_VALUE_FOR_VAR, which the guards
-// (qGuardDeleted, qGuardTally) raise.
-const erGuardRefused = 1231
+// (qGuardDeleted, qGuardTally) raise; erGuardRefusedNull is
+// ER_BAD_NULL_ERROR, which the guarded evidence INSERTs raise
+// (qInsertOutboxGuarded, qInsertReceiptGuarded: nothing else of a
+// completion's query writes a NULL into a NOT NULL column).
+const (
+	erGuardRefused     = 1231
+	erGuardRefusedNull = 1048
+)
+
+// guardedEvidence is the completion's queued writes as one statement that
+// carries the guard of the delete before it (qInsertOutboxGuarded), when
+// they are one evidence INSERT; ok false otherwise, and qGuardDeleted goes
+// before them.
+func guardedEvidence(stmts []string) (q string, ok bool) {
+	if len(stmts) != 1 {
+		return "", false
+	}
+	switch stmts[0] {
+	case qInsertOutbox:
+		return qInsertOutboxGuarded, true
+	case qInsertReceipt:
+		return qInsertReceiptGuarded, true
+	}
+	return "", false
+}
 
 // errNoPrediction: the prediction cannot be sent as it is; the try goes
 // on the two-trip path.

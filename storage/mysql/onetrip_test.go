@@ -442,3 +442,50 @@ func TestAReplicaStopsPredictingWhatItsGuardKeepsRefusing(t *testing.T) {
 		t.Errorf("%d events, want %d", len(events), n)
 	}
 }
+
+// Where the storage writes receipts instead of events (the NanoCMD
+// drop-in), the guard rides on the receipt's INSERT: a stale prediction is
+// refused there too and leaves neither rows nor a receipt, and a right one
+// still commits in one round trip with its receipt.
+func TestAStalePredictionIsRefusedWithReceiptsToo(t *testing.T) {
+	t.Parallel()
+	opts := &setupOpts{db: testkit.NewDB(t, nil), extra: []stepmysql.Option{stepmysql.WithReceipts()}}
+	a, b := setup(t, opts), setup(t, opts)
+	ctx := t.Context()
+	step := a.storedOn(t, completionPaths[2], "stalercpt", 2, 2)
+	warmCommitted, _ := stepmysql.OneTrips(a.store)
+	receipts := func(id string) int {
+		return testkit.Count(t, a.db.DB, `SELECT COUNT(*) FROM stepcollect_receipts WHERE enrollment_id = ?`, id)
+	}
+
+	// enrollment 1: a stores its first result, b cancels the enrollment
+	if _, err := a.answer(ctx, step, 1, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.store.CancelSteps(ctx, step.IDs[1], ""); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := a.answer(ctx, step, 1, 1); r != nil || !errors.Is(err, storage.ErrUnknownCommand) {
+		t.Fatalf("completing a cancelled enrollment: %+v, %v; want no step and the command unknown", r, err)
+	}
+	if committed, refused := stepmysql.OneTrips(a.store); refused != 1 || committed != warmCommitted {
+		t.Errorf("%d committed in one round trip after the warm-up's %d, %d refused; want the stale one refused", committed-warmCommitted, warmCommitted, refused)
+	}
+	if n, r := a.enrollmentRows(t, step.IDs[1]), receipts(step.IDs[1]); n != 0 || r != 0 {
+		t.Errorf("the cancelled enrollment holds %d rows and %d receipts, want none", n, r)
+	}
+
+	// enrollment 0: predicted right, one round trip, its receipt written
+	if _, err := a.answer(ctx, step, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := a.answer(ctx, step, 0, 1); r == nil || err != nil {
+		t.Fatalf("completing enrollment 0: %+v, %v", r, err)
+	}
+	if committed, _ := stepmysql.OneTrips(a.store); committed != warmCommitted+1 {
+		t.Errorf("%d completions committed in one round trip after the warm-up, want 1", committed-warmCommitted)
+	}
+	if n, r := a.enrollmentRows(t, step.IDs[0]), receipts(step.IDs[0]); n != 0 || r != 1 {
+		t.Errorf("the completed enrollment holds %d rows and %d receipts, want 0 and 1", n, r)
+	}
+}

@@ -91,6 +91,17 @@ FROM steps WHERE id = ?`
 	// refuse on a condition (a third of what a subquery of two rows,
 	// the guard before it, cost the server).
 	qGuardDeleted = `SET SESSION sql_notes = IF(ROW_COUNT() = ?, @@session.sql_notes, 2)`
+	// Where the completion writes one evidence row (its event, or its
+	// receipt), that INSERT carries the same guard instead, a statement
+	// fewer (each statement of the query is an answer the server sends and
+	// the client reads): its first value is NULL unless the delete took all
+	// ? rows, and a single-row INSERT of NULL into a NOT NULL column fails
+	// (error 1048) in every sql_mode, on both servers. ROW_COUNT() in the
+	// INSERT's values is still the delete's.
+	qInsertOutboxGuarded = `
+INSERT INTO stepcollect_outbox (event_id, event_type, step_id, enrollment_id, payload)
+VALUES (IF(ROW_COUNT() = ?, ?, NULL), ?, ?, ?, ?)`
+	qInsertReceiptGuarded = `INSERT INTO stepcollect_receipts (step_id, enrollment_id) VALUES (IF(ROW_COUNT() = ?, ?, NULL), ?)`
 
 	// A result predicted to leave another command outstanding
 	// (onetrip.go): one UPDATE takes the reported command's row and the
