@@ -26,6 +26,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -295,7 +296,15 @@ const settingGroup = "Group Replication defaults"
 // runFanOut measures the rows of the fan-out tables: each server setting,
 // N and shape, the floor, each storage and the service.
 func (r *runner) runFanOut(o *options) {
+	for _, name := range strings.Split(o.settings, ",") {
+		if name != "" && !slices.ContainsFunc(configs, func(c serverConfig) bool { return c.Name == name }) {
+			die("-settings: no setting %q in this run", name)
+		}
+	}
 	for _, cfg := range configs {
+		if !o.inSettings(cfg.Name) {
+			continue
+		}
 		for _, n := range o.ns {
 			for _, control := range o.controls {
 				if o.want(implFloor) {

@@ -11,6 +11,7 @@ import (
 // options are the command line, checked.
 type options struct {
 	binDir, outDir, server, only string
+	settings                     string // the fan-out rows' server settings, comma-separated; empty: all
 	ns                           []int
 	controls                     []bool // the fan-out shapes: false one step to N, true a step each
 	skipBig, noProf              bool
@@ -28,6 +29,12 @@ type options struct {
 // want reports whether -only asks for the row (or run) label.
 func (o *options) want(label string) bool {
 	return o.only == "" || strings.Contains(","+o.only+",", ","+label+",")
+}
+
+// inSettings reports whether the fan-out rows run in server setting name
+// (-settings).
+func (o *options) inSettings(name string) bool {
+	return o.settings == "" || strings.Contains(","+o.settings+",", ","+name+",")
 }
 
 // runsAt reports whether the row label runs at fan-out n.
@@ -55,7 +62,7 @@ func (o *options) measurements() int {
 	for _, l := range labels {
 		for _, n := range o.ns {
 			for _, cfg := range configs {
-				if o.runsAt(l, n) && cfg.runs(l) {
+				if o.runsAt(l, n) && cfg.runs(l) && o.inSettings(cfg.Name) {
 					total += len(o.controls)
 				}
 			}
@@ -93,6 +100,7 @@ func parseFlags() *options {
 	flag.StringVar(&o.server, "server", "", "use this server DSN (root, no database) instead of a private mariadbd; needs max_connections above 1000")
 	flag.BoolVar(&o.skipBig, "skip-large-table", false, "skip the 1M-row CancelSteps and sweeper measurements")
 	flag.BoolVar(&o.noProf, "skip-profile", false, "skip the profiled service run")
+	flag.StringVar(&o.settings, "settings", "", "comma-separated server settings the fan-out rows run in (default all): defaults, stricter, binlog, and the MySQL, Galera and Group Replication ones where those run; to pair one row of one setting quickly")
 	flag.StringVar(&o.only, "only", "", "comma-separated row labels to run (default all); \"sustained\", \"workers\", \"e2e\" and \"dropin\" name those runs alone")
 	flag.IntVar(&o.nanoMax, "nanocmd-max-n", 10000, "largest N NanoCMD's storage rows run at (above it they take minutes: N=100000 is about 7 minutes for v0.7.1)")
 	flag.DurationVar(&o.susFor, "sustained", 60*time.Second, "length of the sustained run at the api's full rate (0 skips it)")
