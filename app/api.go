@@ -18,6 +18,7 @@ import (
 	"github.com/stepcollect/stepcollect/collector"
 	"github.com/stepcollect/stepcollect/httpapi"
 	"github.com/stepcollect/stepcollect/internal/config"
+	stepmysql "github.com/stepcollect/stepcollect/storage/mysql"
 	"github.com/stepcollect/stepcollect/tasks"
 )
 
@@ -40,6 +41,9 @@ type APIConfig struct {
 	// MySQLTryTimeout bounds each try of a transaction (-mysql-try-timeout;
 	// 0 is the default, 10 s; negative is no bound).
 	MySQLTryTimeout time.Duration
+	// MySQLMaxActiveResults bounds the webhook's results in a transaction
+	// at once (-mysql-max-active-results; 0 is the default, 64).
+	MySQLMaxActiveResults int
 	// MaxInflightBodyBytes bounds the working memory of bodies being read
 	// and decoded at once (default httpapi.DefaultMaxInflightBodyBytes).
 	MaxInflightBodyBytes int64
@@ -66,6 +70,8 @@ func ParseAPIConfig(args []string, getenv func(string) string) (APIConfig, *conf
 	maxBody := s.Int("max-body-bytes", "STEPCOLLECT_MAX_BODY_BYTES", httpapi.DefaultMaxBody, "largest request body accepted (413 above)")
 	inflight := s.Int("max-inflight-body-bytes", "STEPCOLLECT_MAX_INFLIGHT_BODY_BYTES", httpapi.DefaultMaxInflightBodyBytes,
 		"working memory of the webhook and /v1/steps bodies read and decoded at once; more requests wait (at least -max-body-bytes)")
+	maxActive := s.Int("mysql-max-active-results", "STEPCOLLECT_MYSQL_MAX_ACTIVE_RESULTS", stepmysql.DefaultMaxActiveResults,
+		"most webhook results in a transaction at once; the rest wait their turn (far more than the database server has cores only slows each one)")
 	stepIDs := s.Int("max-step-ids", "STEPCOLLECT_MAX_STEP_IDS", httpapi.DefaultMaxStepIDs, "most ids in one POST /v1/steps (413 above)")
 	stepCommands := s.Int("max-step-commands", "STEPCOLLECT_MAX_STEP_COMMANDS", httpapi.DefaultMaxStepCommands, "most commands in one POST /v1/steps (413 above)")
 	stepRows := s.Int("max-step-rows", "STEPCOLLECT_MAX_STEP_ROWS", httpapi.DefaultMaxStepRows, "most ids x commands in one POST /v1/steps (413 above)")
@@ -93,7 +99,7 @@ func ParseAPIConfig(args []string, getenv func(string) string) (APIConfig, *conf
 	for _, f := range []struct {
 		name string
 		v    *int
-	}{{"max-step-ids", stepIDs}, {"max-step-commands", stepCommands}, {"max-step-rows", stepRows}} {
+	}{{"max-step-ids", stepIDs}, {"max-step-commands", stepCommands}, {"max-step-rows", stepRows}, {"mysql-max-active-results", maxActive}} {
 		s.Check(func() error {
 			if *f.v < 1 {
 				return fmt.Errorf("-%s: %d is less than 1", f.name, *f.v)
@@ -109,6 +115,7 @@ func ParseAPIConfig(args []string, getenv func(string) string) (APIConfig, *conf
 		WebhookHMACKey: *hmacKey, MaxBodyBytes: int64(*maxBody), MaxInflightBodyBytes: int64(*inflight),
 		MaxStepIDs: *stepIDs, MaxStepCommands: *stepCommands, MaxStepRows: *stepRows, DefaultStepTimeout: *stepTimeout,
 		LogLevel: *common.level, LogFormat: *common.format, MySQLMaxConns: *common.maxConns, MySQLTryTimeout: common.tryTimeoutConfig(),
+		MySQLMaxActiveResults: *maxActive,
 	}, s, nil
 }
 
@@ -139,7 +146,7 @@ type API struct {
 // handler and binds the listener. Redis need not be up: results are
 // committed without it.
 func NewAPI(ctx context.Context, cfg APIConfig, logger zerolog.Logger) (*API, error) {
-	d, err := openDeps(ctx, cfg.RedisURL, cfg.MySQLDSN, cfg.MySQLMaxConns, cfg.MySQLTryTimeout, cfg.Migrate, true, logger)
+	d, err := openDeps(ctx, cfg.RedisURL, cfg.MySQLDSN, cfg.MySQLMaxConns, cfg.MySQLTryTimeout, cfg.MySQLMaxActiveResults, cfg.Migrate, true, logger)
 	if err != nil {
 		return nil, err
 	}

@@ -92,8 +92,9 @@ type deps struct {
 // Events are not handed anywhere: the worker's dispatcher polls the outbox.
 //
 // tryTimeout bounds each try (stepmysql.WithAttemptTimeout): 0 is the
-// default, negative no bound.
-func openDeps(ctx context.Context, redisURL, dsn string, maxConns int, tryTimeout time.Duration, migrate, collectViaQueue bool, logger zerolog.Logger) (*deps, error) {
+// default, negative no bound. maxActiveResults bounds the results in a
+// transaction at once (stepmysql.WithMaxActiveResults): 0 is the default.
+func openDeps(ctx context.Context, redisURL, dsn string, maxConns int, tryTimeout time.Duration, maxActiveResults int, migrate, collectViaQueue bool, logger zerolog.Logger) (*deps, error) {
 	redisOpt, err := asynq.ParseRedisURI(redisURL)
 	if err != nil {
 		return nil, fmt.Errorf("-redis-url: %w", config.RedactError(err, redisURL))
@@ -104,6 +105,9 @@ func openDeps(ctx context.Context, redisURL, dsn string, maxConns int, tryTimeou
 	opts := []stepmysql.Option{stepmysql.WithObserver(d.metrics.Storage), stepmysql.WithOutbox()}
 	if tryTimeout != 0 {
 		opts = append(opts, stepmysql.WithAttemptTimeout(max(tryTimeout, 0)))
+	}
+	if maxActiveResults > 0 {
+		opts = append(opts, stepmysql.WithMaxActiveResults(maxActiveResults))
 	}
 	if collectViaQueue {
 		d.handoff = collector.NewHandoff(collector.HandoffConfig{OnDrop: func(n int) { d.metrics.Enqueue.HandoffDropped.Add(float64(n)) }},

@@ -11,6 +11,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/stepcollect/stepcollect/app"
+	stepmysql "github.com/stepcollect/stepcollect/storage/mysql"
 )
 
 // GET /version answers without a key on the api's main listener and on the
@@ -61,5 +62,27 @@ func TestDefaultStepTimeoutFlag(t *testing.T) {
 	}
 	if _, _, err := app.ParseAPIConfig([]string{"-default-step-timeout", "-1h"}, func(string) string { return "" }); err == nil {
 		t.Error("-default-step-timeout -1h accepted")
+	}
+}
+
+func TestMaxActiveResultsFlag(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		env  string
+		want int
+	}{
+		{nil, "", stepmysql.DefaultMaxActiveResults},
+		{[]string{"-mysql-max-active-results", "16"}, "", 16},
+		{nil, "200", 200},
+	} {
+		cfg, _, err := app.ParseAPIConfig(c.args, func(k string) string {
+			if k == "STEPCOLLECT_MYSQL_MAX_ACTIVE_RESULTS" {
+				return c.env
+			}
+			return ""
+		})
+		if err != nil || cfg.MySQLMaxActiveResults != c.want {
+			t.Errorf("%v %q: %v %v, want %v", c.args, c.env, cfg.MySQLMaxActiveResults, err, c.want)
+		}
 	}
 }

@@ -125,7 +125,7 @@ type Worker struct {
 // NewWorker connects to MySQL (migrating it if configured), prepares the
 // asynq server and binds the metrics listener. Redis need not be up yet.
 func NewWorker(ctx context.Context, cfg WorkerConfig, logger zerolog.Logger) (*Worker, error) {
-	d, err := openDeps(ctx, cfg.RedisURL, cfg.MySQLDSN, cfg.MySQLMaxConns, cfg.MySQLTryTimeout, cfg.Migrate, false, logger)
+	d, err := openDeps(ctx, cfg.RedisURL, cfg.MySQLDSN, cfg.MySQLMaxConns, cfg.MySQLTryTimeout, 0, cfg.Migrate, false, logger)
 	if err != nil {
 		return nil, err
 	}

@@ -57,6 +57,7 @@ func TestAPIRefusesBadLimitFlagsInOneLineNamingThem(t *testing.T) {
 		{Args: []string{"-max-body-bytes", "4096", "-max-inflight-body-bytes", "4095"}, Want: "-max-inflight-body-bytes: 4095 is less than -max-body-bytes (4096)"},
 		{Args: []string{"-max-step-rows", "0"}, Want: "-max-step-rows: 0 is less than 1"},
 		{Args: []string{"-max-step-commands", "-1"}, Want: "-max-step-commands: -1 is less than 1"},
+		{Args: []string{"-mysql-max-active-results", "0"}, Want: "-mysql-max-active-results: 0 is less than 1"},
 		{Env: "STEPCOLLECT_MAX_STEP_IDS=lots", Want: `-max-step-ids: STEPCOLLECT_MAX_STEP_IDS="lots" is not a whole number`},
 	})
 }
