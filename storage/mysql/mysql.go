@@ -146,8 +146,10 @@ const DefaultMaxActiveResults = 64
 // more transactions at once than the server has cores to run them only slow
 // every one of them down: they contend for the same latches, and the server
 // spins and switches between them instead of committing. Measured on a
-// 2-CPU server, the one-round-trip completion cost the server 0.65 ms of
-// CPU with 128 at once and 0.36 to 0.42 ms with 8 to 32 (docs/benchmarks.md).
+// 2-CPU server, the one-round-trip completion cost the server 0.65 to 0.69
+// ms of CPU with 128 at once and 0.35 to 0.47 ms with 8 to 64; with the
+// stricter setting's pool of 1000, three times what 64 at once did
+// (docs/benchmarks.md).
 // The pool (WithDB, OpenDB) may be larger, for the other statements and
 // the worker's. 0: DefaultMaxActiveResults; negative: no bound but the
 // pool's.
