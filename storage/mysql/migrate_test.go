@@ -48,13 +48,13 @@ func TestMigrateFromManyProcessesAtOnceAppliesOnce(t *testing.T) {
 	}
 }
 
-// id_commands keeps only the indexes something reads: its primary key (the
-// result path, cancels, lookups), step_id (collection's reference check,
-// and the foreign key) and last_push (the re-push claim). The three of
-// NanoCMD's schema that nothing reads are gone (migration 9): every result
-// paid for them.
 // Every index is written by every row a result or a delivery touches; the
-// ones no query reads are dropped (migrations 00009 and 00010).
+// ones no query reads are dropped. id_commands keeps its primary key (the
+// result path, cancels, lookups), step_id (collection's reference check,
+// and the foreign key) and last_push (the re-push claim): three of
+// NanoCMD's schema went (migration 00009). The outbox keeps its primary
+// key, event_id (evidence, operators) and held_at (the claim): created_at
+// and lease_until went (00010).
 func TestHotTablesKeepOnlyTheIndexesSomethingReads(t *testing.T) {
 	t.Parallel()
 	db := testkit.NewDB(t, nil)

@@ -304,9 +304,10 @@ VALUES (?, ?, ?, ?, ?)`
 	qStepOwnedBy = `
 SELECT workflow_name, instance_id FROM steps WHERE id = ?`
 
-	// Delivery, batched: the events nobody is delivering (never claimed,
-	// or whose lease lapsed: a failed try's backoff ended, or the worker
-	// that held it died), locked so that any number of workers can claim
+	// Delivery, batched: the events nobody is delivering (never claimed:
+	// written with a lease long lapsed, the column's default, or NULL
+	// before migration 00011; or whose lease lapsed: a failed try's backoff
+	// ended, or the worker that held it died), locked so that any number of workers can claim
 	// at once and none waits on another. The outbox in MySQL, not the
 	// queue, decides who delivers. Read through outbox_held_at: its
 	// held_at IS NULL entries are in id order, so held events are never
@@ -319,6 +320,8 @@ FROM stepcollect_outbox FORCE INDEX (outbox_held_at)
 WHERE held_at IS NULL AND (lease_until IS NULL OR lease_until <= ?)
 ORDER BY id LIMIT ? FOR UPDATE SKIP LOCKED`
 
+	// The lease replaces a value of its own size (never NULL, see
+	// migration 00011): the row is updated in place.
 	qLeaseEvents = `
 UPDATE stepcollect_outbox SET attempts = attempts + 1, lease_until = ?, retry_at = NULL WHERE id IN (?)`
 
@@ -439,20 +442,20 @@ FROM wf_events WHERE event_type = ? ORDER BY event_name`
 	// used up its attempts or its age is held: taken out of the claim's
 	// reach (held_at) with its last error, until released by hand.
 	qHoldEvent = `
-UPDATE stepcollect_outbox SET last_error = ?, held_at = CURRENT_TIMESTAMP(6), lease_until = NULL, retry_at = NULL
+UPDATE stepcollect_outbox SET last_error = ?, held_at = CURRENT_TIMESTAMP(6), lease_until = DEFAULT, retry_at = NULL
 WHERE id = ? AND event_id = ?`
 
 	// A release starts the event afresh: its count, its age and its state
 	// (pending), due now.
 	qReleaseEvent = `
 UPDATE stepcollect_outbox
-SET held_at = NULL, released_at = CURRENT_TIMESTAMP(6), attempts = 0, last_error = NULL, lease_until = NULL, retry_at = NULL
+SET held_at = NULL, released_at = CURRENT_TIMESTAMP(6), attempts = 0, last_error = NULL, lease_until = DEFAULT, retry_at = NULL
 WHERE event_id = ? AND held_at IS NOT NULL`
 
 	// "Deliver now" ends a backoff; a delivery in flight (no retry_at) is
 	// left alone, or the event would be posted twice at once.
 	qDeliverEventNow = `
-UPDATE stepcollect_outbox SET lease_until = NULL, retry_at = NULL
+UPDATE stepcollect_outbox SET lease_until = DEFAULT, retry_at = NULL
 WHERE event_id = ? AND held_at IS NULL AND retry_at IS NOT NULL`
 
 	qOutboxHasEvent = `SELECT 1 FROM stepcollect_outbox WHERE event_id = ?`
