@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -68,10 +69,22 @@ func (r *runner) floor(cfg serverConfig, n int, control bool) (*fanout.Result, e
 			}
 		}()
 	}
+	// the floor's CPU, as the service rows': the server's (when the bench
+	// can see it) and the load generator's, during the burst alone
+	pids := map[string]int{"load generator": os.Getpid()}
+	if r.serverPID > 0 && cfg.on == nil {
+		pids["mysqld"] = r.serverPID
+	}
+	before := cpuTimes(pids)
 	start := time.Now()
 	close(release)
 	wg.Wait()
 	res.WallMS = fanout.MS(time.Since(start))
+	after := cpuTimes(pids)
+	res.CPU = map[string]float64{}
+	for name := range pids {
+		res.CPU[name] = after[name] - before[name]
+	}
 	res.P50MS, res.P99MS = fanout.Quantiles(lat)
 	done(res)
 	return res, nil
