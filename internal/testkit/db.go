@@ -183,6 +183,29 @@ func Count(t testing.TB, db *sql.DB, query string, args ...any) int {
 	return n
 }
 
+// Column runs a query of one column and returns its values in the order
+// the rows came, failing t on any error (the query, a scan, the rows').
+func Column[T any](t testing.TB, db *sql.DB, query string, args ...any) []T {
+	t.Helper()
+	rows, err := db.Query(query, args...)
+	if err != nil {
+		t.Fatalf("%s: %v", strings.TrimSpace(query), err)
+	}
+	defer rows.Close()
+	var out []T
+	for rows.Next() {
+		var v T
+		if err := rows.Scan(&v); err != nil {
+			t.Fatalf("%s: %v", strings.TrimSpace(query), err)
+		}
+		out = append(out, v)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatalf("%s: %v", strings.TrimSpace(query), err)
+	}
+	return out
+}
+
 // OutboxRows counts the events in the outbox, delivered or not yet
 // acknowledged.
 func OutboxRows(t testing.TB, db *sql.DB) int {

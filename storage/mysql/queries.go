@@ -306,9 +306,9 @@ SELECT workflow_name, instance_id FROM steps WHERE id = ?`
 
 	// Delivery, batched: the events nobody is delivering (never claimed:
 	// written with a lease long lapsed, the column's default, or NULL
-	// before migration 00011; or whose lease lapsed: a failed try's backoff
-	// ended, or the worker that held it died), locked so that any number of workers can claim
-	// at once and none waits on another. The outbox in MySQL, not the
+	// before migration 00011; or whose lease lapsed: a failed try's
+	// backoff ended, or the worker that held it died), locked so that any
+	// number of workers can claim at once and none waits on another. The outbox in MySQL, not the
 	// queue, decides who delivers. Read through outbox_held_at: its
 	// held_at IS NULL entries are in id order, so held events are never
 	// scanned and no sort is needed. The age is the event's since it was

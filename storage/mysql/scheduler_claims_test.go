@@ -147,22 +147,7 @@ func insertIdleSteps(t *testing.T, db *sql.DB, n int) []int64 {
 	if _, err := db.Exec(`INSERT INTO steps (workflow_name, instance_id) VALUES ` + strings.Join(vals, ",")); err != nil {
 		t.Fatal(err)
 	}
-	rows, err := db.Query(`SELECT id FROM steps WHERE workflow_name = 'io.stepcollect.test.idle' ORDER BY id`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	var ids []int64
-	for rows.Next() {
-		var id int64
-		if err := rows.Scan(&id); err != nil {
-			t.Fatal(err)
-		}
-		ids = append(ids, id)
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
+	ids := testkit.Column[int64](t, db, `SELECT id FROM steps WHERE workflow_name = 'io.stepcollect.test.idle' ORDER BY id`)
 	if len(ids) != n {
 		t.Fatalf("inserted %d idle steps, found %d", n, len(ids))
 	}
