@@ -4,6 +4,7 @@ package testkit
 // drive them from outside, as NanoMDM and a workflow engine would.
 
 import (
+	"cmp"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -394,4 +395,25 @@ func CheckRefuses(t testing.TB, bin string, cases []BadFlag) {
 			}
 		}
 	}
+}
+
+// ProcessCPU is process pid's CPU time so far (user and system), from
+// /proc/<pid>/stat: any process of this machine's, a server's too.
+func ProcessCPU(pid int) (time.Duration, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	// the fields after the parenthesised command name: utime and stime are
+	// the 12th and 13th, in clock ticks of 10 ms
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+	if len(f) < 13 {
+		return 0, fmt.Errorf("/proc/%d/stat: %d fields after the command, want 13 or more", pid, len(f))
+	}
+	ut, err1 := strconv.ParseInt(f[11], 10, 64)
+	st, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err := cmp.Or(err1, err2); err != nil {
+		return 0, fmt.Errorf("/proc/%d/stat: %w", pid, err)
+	}
+	return time.Duration(ut+st) * 10 * time.Millisecond, nil
 }

@@ -32,6 +32,14 @@ func PredictedStore(id, own string, stepID int64, outstanding []string) (string,
 // NoPredictions turns s's one-round-trip completions off.
 func NoPredictions(s *Storage) { s.hints.off = true }
 
+// NoProcedure makes s's one-round-trip completions send the
+// multi-statement query, never the routine's CALL (procedure.go).
+func NoProcedure(s *Storage) { s.proc.off = true }
+
+// Calls says how many of s's one-round-trip completions committed as one
+// CALL of the routine.
+func Calls(s *Storage) int64 { return s.hints.called.Load() }
+
 // PredictedDelete is the delete a completion predicted to find own
 // outstanding and others stored sends first (onetrip.go), with its
 // arguments (the others' results hashed as empty).

@@ -56,6 +56,7 @@ type faultConnector struct {
 	// that also began the transaction (a completion in one round trip).
 	twoTrips int
 	oneTrips int
+	calls    int // of oneTrips, those sent as the completion's CALL
 	// A server gone silent (cut off the network, or a Group Replication
 	// primary without its majority): stallBefore holds the next statement
 	// containing it without running it, stallCommits holds that many
@@ -214,7 +215,10 @@ func (f *faultConn) ExecContext(ctx context.Context, query string, args []driver
 	}
 	exec := f.Conn.(driver.ExecerContext).ExecContext
 	stmts, commits := strings.CutSuffix(query, "; COMMIT")
-	if !commits {
+	// The completion's routine (procedure.go) begins, runs and commits a
+	// transaction in one CALL.
+	called := strings.HasPrefix(query, "CALL stepcollect_complete_predicted(")
+	if !commits && !called {
 		return exec(ctx, query, args)
 	}
 	// A COMMIT sent with the statements before it: the same faults as
@@ -222,11 +226,17 @@ func (f *faultConn) ExecContext(ctx context.Context, query string, args []driver
 	between, fault := f.c.takeCommitFault()
 	f.c.mu.Lock()
 	f.c.twoTrips++
-	if strings.HasPrefix(query, "START TRANSACTION;") {
+	if called || strings.HasPrefix(query, "START TRANSACTION;") {
 		f.c.oneTrips++
+	}
+	if called {
+		f.c.calls++
 	}
 	f.c.mu.Unlock()
 	switch {
+	case called && fault != nil:
+		// A CALL is one statement: never sent, or run and rolled back
+		// at its COMMIT, nothing of it stays; skipping it is either.
 	case errors.Is(fault, mysql.ErrInvalidConn):
 		// nothing reached the server, and the connection the server saw
 		// go rolled back what it held
@@ -345,13 +355,29 @@ func (c *faultConnector) takeCommitFault() (func(), error) {
 // database/sql's transaction (a pool without multiStatements, as WithDB may
 // give), two round trips (OpenDB's pools, predictions off), and one round
 // trip where the storage predicts what it will find (onetrip.go: the
-// results of an enrollment of a fan-out whose commands it knows).
+// results of an enrollment of a fan-out whose commands it knows), sent as
+// the multi-statement query (the routine off) or, as it is where migration
+// 12 ran, as one CALL of its routine (procedure.go).
 type completionPath struct {
-	name           string
-	multi, predict bool
+	name                 string
+	multi, predict, call bool
 }
 
-var completionPaths = []completionPath{{"database-sql", false, false}, {"two-round-trips", true, false}, {"one-round-trip", true, true}}
+var completionPaths = []completionPath{
+	{"database-sql", false, false, false},
+	{"two-round-trips", true, false, false},
+	{"one-round-trip", true, true, false},
+	{"one-round-trip-call", true, true, true},
+}
+
+// killBeforeRelease is the statement a completion on p releases its rows
+// with: the release or the predicted delete, or the routine's CALL.
+func (p completionPath) killBeforeRelease() string {
+	if p.call {
+		return "CALL stepcollect_complete_predicted("
+	}
+	return "DELETE FROM id_commands WHERE"
+}
 
 // onEveryPath runs test on each completion path.
 func onEveryPath(t *testing.T, test func(t *testing.T, p completionPath)) {
@@ -377,6 +403,15 @@ func (c *faultConnector) checkPath(t *testing.T, p completionPath) {
 	}
 	if !p.predict && one > 0 {
 		t.Fatalf("%d completions were sent in one round trip with predictions off", one)
+	}
+	c.mu.Lock()
+	calls := c.calls
+	c.mu.Unlock()
+	if p.call && calls == 0 {
+		t.Fatal("no completion was sent as a CALL: the routine never ran")
+	}
+	if !p.call && calls > 0 {
+		t.Fatalf("%d completions were sent as a CALL with the routine off", calls)
 	}
 }
 
@@ -408,7 +443,7 @@ func (b *bundle) storedOn(t *testing.T, p completionPath, prefix string, n, cmds
 // path OpenDB's pools take; setupFaultyPath chooses.
 func setupFaulty(t *testing.T, extra ...stepmysql.Option) (*bundle, *faultConnector) {
 	t.Helper()
-	return setupFaultyPath(t, completionPaths[2], extra...)
+	return setupFaultyPath(t, completionPaths[3], extra...)
 }
 
 func setupFaultyPath(t *testing.T, p completionPath, extra ...stepmysql.Option) (*bundle, *faultConnector) {
@@ -419,6 +454,9 @@ func setupFaultyPath(t *testing.T, p completionPath, extra ...stepmysql.Option) 
 	b := setup(t, &setupOpts{db: faulty, extra: extra})
 	if !p.predict {
 		stepmysql.NoPredictions(b.store)
+	}
+	if !p.call {
+		stepmysql.NoProcedure(b.store)
 	}
 	return b, fc
 }
@@ -433,7 +471,7 @@ func connectionKilledMidTransaction(t *testing.T, multi completionPath) {
 	ctx := t.Context()
 	step := b.storedOn(t, multi, "killed", 2, 1)
 	fc.arm(func(fc *faultConnector) {
-		fc.killBefore = "DELETE FROM id_commands WHERE" // the release, or the predicted delete
+		fc.killBefore = multi.killBeforeRelease()
 	})
 
 	r, err := b.answer(ctx, step, 0, 0)

@@ -62,7 +62,59 @@ func Migrate(ctx context.Context, db *sql.DB) error {
 	if _, err := p.Up(ctx); err != nil {
 		return fmt.Errorf("migrate: %w", err)
 	}
+	return restoreRoutine(ctx, db, p)
+}
+
+// routineMigration is the migration that creates the completion's routine
+// (procedure.go).
+const (
+	routineMigration = "migrations/00012_complete_predicted_procedure.sql"
+	routineVersion   = 12
+)
+
+// restoreRoutine creates the completion's routine again where migration
+// 12 ran but the routine is gone: a dump taken without routines
+// (mysqldump without --routines) and restored, or a DROP by hand. goose
+// records a migration once, so without this nothing would bring it back,
+// and completions would go on without it.
+func restoreRoutine(ctx context.Context, db *sql.DB, p *goose.Provider) error {
+	var n int
+	if err := db.QueryRowContext(ctx, qRoutineExists).Scan(&n); err != nil {
+		return fmt.Errorf("migrate: looking for the completion's routine: %w", err)
+	}
+	if n > 0 {
+		return nil
+	}
+	v, err := p.GetDBVersion(ctx)
+	if err != nil {
+		return fmt.Errorf("migrate: schema version: %w", err)
+	}
+	if v < routineVersion {
+		return nil // not migrated this far: nothing to restore
+	}
+	create, err := routineCreate()
+	if err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
+	if _, err := db.ExecContext(ctx, create); err != nil {
+		return fmt.Errorf("migrate: creating the completion's routine again: %w", err)
+	}
 	return nil
+}
+
+// routineCreate is migration 12's CREATE PROCEDURE, its one statement
+// between goose's StatementBegin and StatementEnd.
+func routineCreate() (string, error) {
+	b, err := migrationFiles.ReadFile(routineMigration)
+	if err != nil {
+		return "", err
+	}
+	_, rest, ok := strings.Cut(string(b), "-- +goose StatementBegin\n")
+	create, _, ok2 := strings.Cut(rest, "-- +goose StatementEnd")
+	if !ok || !ok2 {
+		return "", fmt.Errorf("%s: no statement between StatementBegin and StatementEnd", routineMigration)
+	}
+	return create, nil
 }
 
 // SchemaVersion returns the database's applied migration version and the

@@ -51,7 +51,10 @@ type Storage struct {
 	// hints: what this process saw of steps and enrollments, from which a
 	// completion predicts its rows and commits in one round trip
 	// (onetrip.go)
-	hints    *hints
+	hints *hints
+	// proc: whether predicted completions CALL migration 12's routine
+	// (procedure.go)
+	proc     *completeProc
 	logger   zerolog.Logger
 	sink     storage.ReleaseSink
 	observer storage.Observer
@@ -198,6 +201,7 @@ func New(opts ...Option) (*Storage, error) {
 		receipts:       cfg.receipts && !cfg.outbox,
 		steps:          newStepCache(4096, 10*time.Minute),
 		hints:          newHints(),
+		proc:           &completeProc{logger: cfg.logger},
 		maxAttempts:    max(cfg.maxAttempts, 1),
 		attemptTimeout: max(cfg.attemptTO, 0),
 		backoffBase:    5 * time.Millisecond,

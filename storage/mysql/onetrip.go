@@ -125,6 +125,7 @@ type hints struct {
 
 	// what the predictions did, for tests and the bench's explanation
 	committed atomic.Int64 // completions sent in one round trip and committed
+	called    atomic.Int64 // of those, the ones sent as a CALL (procedure.go)
 	refused   atomic.Int64 // the guard refused: two round trips
 	// the same of results predicted to leave a command outstanding
 	storesCommitted atomic.Int64
@@ -311,25 +312,43 @@ func (c *completion) oneTrip(ctx context.Context, ct *connTx, a *attempt, p *pre
 		c.stepID = 0
 		return false, errNoPrediction
 	}
-	// the guard's count, then the evidence's values: the same arguments
-	// whether the guard is a statement of its own or its INSERT's
-	args = append(args, ct.args...)
-	q := ct.begin(qDeletePredicted+strings.Join(branches, " OR ")) + "; "
-	if g, ok := guardedEvidence(ct.stmts); ok {
-		q += g + "; COMMIT"
+	var q string
+	called := false
+	if call, cargs, ok := completeCall(c.id, p, ct); ok && !ct.begun && c.s.proc.use(ctx, ct.conn) {
+		// The routine starts the transaction: from here the session may
+		// be in it, and release rolls back what did not commit.
+		q, args, called, ct.begun = call, cargs, true, true
 	} else {
-		q += qGuardDeleted + "; " + strings.Join(append(ct.stmts, "COMMIT"), "; ")
+		// the guard's count, then the evidence's values: the same
+		// arguments whether the guard is a statement of its own or its
+		// INSERT's
+		args = append(args, ct.args...)
+		q = ct.begin(qDeletePredicted+strings.Join(branches, " OR ")) + "; "
+		if g, ok := guardedEvidence(ct.stmts); ok {
+			q += g + "; COMMIT"
+		} else {
+			q += qGuardDeleted + "; " + strings.Join(append(ct.stmts, "COMMIT"), "; ")
+		}
 	}
 	whats := strings.Join(ct.whats, ", ")
 	ct.unqueue()
 
 	_, err = ct.conn.ExecContext(ctx, q, args...)
-	switch {
+	switch no := mysqlErrNo(err); {
 	case err == nil:
 		ct.ended = true
 		c.s.hints.committed.Add(1)
+		if called {
+			c.s.hints.called.Add(1)
+		}
 		return true, nil
-	case mysqlErrNo(err) == erGuardRefused || mysqlErrNo(err) == erGuardRefusedNull:
+	case called && (no == erSPDoesNotExist || no == erProcAccessDenied || no == erSPWrongArgs):
+		// Refused before any of it ran: the query serves, on the
+		// two-trip path this time.
+		c.s.proc.failed(err)
+		c.stepID = 0
+		return false, ct.rollbackRefused(ctx, "a completion", p.stepID)
+	case no == erGuardRefused || no == erGuardRefusedNull || (called && no == erGuardRefusedSignal):
 		// The delete may have taken some of the rows: nothing of this
 		// transaction may stay.
 		c.s.hints.refused.Add(1)

@@ -123,7 +123,29 @@ func replicasRace(t *testing.T, a, b *bundle) {
 // enrollment (no event at all, and the command unknown).
 func TestAStalePredictionIsRefusedAndLeavesNothing(t *testing.T) {
 	t.Parallel()
+	onBothOneTripForms(t, aStalePredictionIsRefused)
+}
+
+// onBothOneTripForms runs test with the one-round-trip completion sent as
+// the multi-statement query and as the routine's CALL (procedure.go),
+// and checks that each form did run.
+func onBothOneTripForms(t *testing.T, test func(t *testing.T, call bool) *bundle) {
+	for _, call := range []bool{false, true} {
+		t.Run(map[bool]string{false: "query", true: "call"}[call], func(t *testing.T) {
+			t.Parallel()
+			a := test(t, call)
+			if n := stepmysql.Calls(a.store); call != (n > 0) {
+				t.Errorf("%d completions sent as a CALL; want some only with the routine on (%v)", n, call)
+			}
+		})
+	}
+}
+
+func aStalePredictionIsRefused(t *testing.T, call bool) *bundle {
 	a, b := twoReplicas(t)
+	if !call {
+		stepmysql.NoProcedure(a.store)
+	}
 	ctx := t.Context()
 	step := a.storedOn(t, completionPaths[2], "stale", 2, 2)
 	warmCommitted, _ := stepmysql.OneTrips(a.store) // the warm-up's
@@ -171,6 +193,7 @@ func TestAStalePredictionIsRefusedAndLeavesNothing(t *testing.T) {
 	if _, ok := events[step.IDs[1]]; ok || len(events) != 1 {
 		t.Errorf("events for %v, want enrollment %s's alone (and the warm-up's, taken out)", keys(events), step.IDs[0])
 	}
+	return a
 }
 
 // The predicted delete finds its rows by their primary keys, the
@@ -449,8 +472,15 @@ func TestAReplicaStopsPredictingWhatItsGuardKeepsRefusing(t *testing.T) {
 // still commits in one round trip with its receipt.
 func TestAStalePredictionIsRefusedWithReceiptsToo(t *testing.T) {
 	t.Parallel()
+	onBothOneTripForms(t, aStalePredictionIsRefusedWithReceipts)
+}
+
+func aStalePredictionIsRefusedWithReceipts(t *testing.T, call bool) *bundle {
 	opts := &setupOpts{db: testkit.NewDB(t, nil), extra: []stepmysql.Option{stepmysql.WithReceipts()}}
 	a, b := setup(t, opts), setup(t, opts)
+	if !call {
+		stepmysql.NoProcedure(a.store)
+	}
 	ctx := t.Context()
 	step := a.storedOn(t, completionPaths[2], "stalercpt", 2, 2)
 	warmCommitted, _ := stepmysql.OneTrips(a.store)
@@ -488,4 +518,5 @@ func TestAStalePredictionIsRefusedWithReceiptsToo(t *testing.T) {
 	if n, r := a.enrollmentRows(t, step.IDs[0]), receipts(step.IDs[0]); n != 0 || r != 1 {
 		t.Errorf("the completed enrollment holds %d rows and %d receipts, want 0 and 1", n, r)
 	}
+	return a
 }

@@ -1,0 +1,126 @@
+package mysql
+
+import (
+	"context"
+	"crypto/sha256"
+	"database/sql"
+	"encoding/hex"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+// A predicted completion (onetrip.go) is one CALL of the routine migration
+// 12 creates, where the database has it and may: the same statements in
+// the same order, parsed once per connection and answered once, after
+// COMMIT (the migration says what that saves). Where it cannot be used,
+// the multi-statement query runs as before, so a database migrated by an
+// older build, an account without EXECUTE, or id_commands columns whose
+// character set the routine's parameters do not share costs speed, never
+// a result.
+
+// procRecheck is how long a routine found unusable stays so before it is
+// looked for again (a migration run while this process serves).
+const procRecheck = time.Minute
+
+type completeProc struct {
+	mu      sync.Mutex
+	usable  bool
+	checked time.Time // zero: never
+	looking bool      // a completion is looking now
+	logger  zerolog.Logger
+	off     bool // tests: never use it
+}
+
+// use says whether a completion may CALL the routine now, looking it up
+// (a non-locking read of information_schema) at first use and, while it is
+// unusable, once per procRecheck. One completion looks, on its own
+// connection before its transaction (a second one from the pool would wait
+// while completions hold all of them: seen at 300 at once); the others
+// send the query meanwhile.
+func (p *completeProc) use(ctx context.Context, conn *sql.Conn) bool {
+	p.mu.Lock()
+	if p.off || p.usable || p.looking || (!p.checked.IsZero() && time.Since(p.checked) < procRecheck) {
+		usable := p.usable && !p.off
+		p.mu.Unlock()
+		return usable
+	}
+	// one completion looks; the others take the query meanwhile
+	p.looking = true
+	p.mu.Unlock()
+	var n int
+	err := conn.QueryRowContext(ctx, qCompleteProcFits).Scan(&n)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.looking = false
+	p.usable, p.checked = err == nil && n == 2, time.Now()
+	if !p.usable {
+		ev := p.logger.Warn().Str("routine", procName)
+		if err != nil {
+			ev = ev.Err(err)
+		}
+		ev.Msg("completions go without their routine: it is missing (bin/migrate creates it again), not callable, or its parameters' character set or collation are not id_commands' columns'; every result is committed as before, at more CPU a result")
+	}
+	return p.usable
+}
+
+// failed records that a CALL was refused before it ran (no such routine,
+// or no right to run it): the query serves until the next look.
+func (p *completeProc) failed(err error) {
+	p.mu.Lock()
+	p.usable, p.checked = false, time.Now()
+	p.mu.Unlock()
+	p.logger.Warn().Str("routine", procName).Err(err).Msg("completions go without their routine until it is looked for again in a minute: every result is committed as before, at more CPU a result")
+}
+
+// procName is the routine's name (migration 12).
+const procName = "stepcollect_complete_predicted"
+
+// Errors a CALL of the routine returns without having run any of it.
+const (
+	erSPDoesNotExist   = 1305 // ER_SP_DOES_NOT_EXIST
+	erProcAccessDenied = 1370 // ER_PROCACCESS_DENIED_ERROR
+	erSPWrongArgs      = 1318 // ER_SP_WRONG_NO_OF_ARGS: another build's routine
+)
+
+// erGuardRefusedSignal is ER_SIGNAL_EXCEPTION: the routine's guard
+// (SIGNAL SQLSTATE '45000').
+const erGuardRefusedSignal = 1644
+
+// completeCall is the CALL of the routine for p, with the evidence a
+// completion queued on ct (an outbox INSERT, a receipt INSERT, both or
+// neither); ok false for anything else queued.
+func completeCall(id string, p *prediction, ct *connTx) (q string, args []any, ok bool) {
+	var eventID, eventType, payload any
+	receipt := false
+	rest := ct.args
+	for _, s := range ct.stmts {
+		switch {
+		case s == qInsertOutbox && len(rest) >= 5 && eventID == nil:
+			// outboxRow: event_id, event_type, step_id, enrollment_id, payload
+			eventID, eventType, payload = rest[0], rest[1], rest[4]
+			rest = rest[5:]
+		case s == qInsertReceipt && len(rest) >= 2 && !receipt:
+			receipt = true
+			rest = rest[2:]
+		default:
+			return "", nil, false
+		}
+	}
+	if len(rest) != 0 {
+		return "", nil, false
+	}
+	var others strings.Builder
+	for i, r := range p.others {
+		if i > 0 {
+			others.WriteByte(',')
+		}
+		sum := sha256.Sum256(r.result)
+		others.WriteString(hex.EncodeToString([]byte(r.commandUUID)))
+		others.WriteByte(':')
+		others.WriteString(hex.EncodeToString(sum[:]))
+	}
+	return qCallCompletePredicted, []any{id, p.own.commandUUID, p.stepID, others.String(), len(p.others), eventID, eventType, payload, receipt}, true
+}

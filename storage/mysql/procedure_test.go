@@ -1,0 +1,268 @@
+package mysql_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stepcollect/stepcollect/internal/testkit"
+	stepmysql "github.com/stepcollect/stepcollect/storage/mysql"
+)
+
+// The routine's deletes go by each row's primary key, the reporting
+// enrollment's own: with every other enrollment's rows of the step locked
+// by another transaction (the next enrollment's too), a predicted
+// completion of a two-command step still commits, as one CALL, at once.
+// A delete that went through the step_id index, or a parameter converted
+// to another character set (which keeps the primary key from serving),
+// would wait for those locks until its context ended.
+func TestTheRoutineLocksOnlyTheReportingEnrollmentsRows(t *testing.T) {
+	t.Parallel()
+	b := setup(t, &setupOpts{extra: []stepmysql.Option{stepmysql.WithOutbox()}})
+	ctx := t.Context()
+	const n = 40
+	step := b.storedOn(t, completionPaths[3], "ownrows", n, 2)
+	const me = 17
+	if _, err := b.answer(ctx, step, me, 0); err != nil {
+		t.Fatal(err)
+	}
+
+	holder, err := b.db.DB.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close()
+	tx, err := holder.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	locked := 0
+	for i, id := range step.IDs {
+		if i == me {
+			continue
+		}
+		var one int
+		for _, c := range step.Commands {
+			if err := tx.QueryRowContext(ctx, `SELECT 1 FROM id_commands WHERE enrollment_id = ? AND command_uuid = ? FOR UPDATE`, id, c.CommandUUID).Scan(&one); err != nil {
+				t.Fatalf("locking %s's row of %s: %v", id, c.CommandUUID, err)
+			}
+			locked++
+		}
+	}
+
+	calls := stepmysql.Calls(b.store)
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	began := time.Now()
+	r, err := b.answer(cctx, step, me, 1)
+	if err != nil || r == nil {
+		t.Fatalf("completing %s with the other %d rows of the step locked elsewhere: %+v, %v (after %v)", step.IDs[me], locked, r, err, time.Since(began))
+	}
+	if got := stepmysql.Calls(b.store) - calls; got != 1 {
+		t.Errorf("%d completions sent as a CALL, want this one", got)
+	}
+	if n := b.enrollmentRows(t, step.IDs[me]); n != 0 {
+		t.Errorf("%s holds %d rows after its completion", step.IDs[me], n)
+	}
+	if len(r.Commands) != 2 {
+		t.Errorf("the completed step carries %d commands, want 2", len(r.Commands))
+	}
+}
+
+// A database the routine is not in (migrated by an older build, or
+// dropped from under a running process) costs speed, not a result: the
+// first completion that meets the missing routine runs again on the
+// two-round-trip path, the ones after it send the query, and every one
+// commits with its event.
+func TestCompletionsGoOnWithoutTheRoutine(t *testing.T) {
+	t.Parallel()
+	b := setup(t, &setupOpts{extra: []stepmysql.Option{stepmysql.WithOutbox()}})
+	ctx := t.Context()
+	const n = 6
+	step := b.storedOn(t, completionPaths[3], "noroutine", n, 1)
+	if r, err := b.answer(ctx, step, 0, 0); err != nil || r == nil {
+		t.Fatalf("completing %s: %+v, %v", step.IDs[0], r, err)
+	}
+	calls := stepmysql.Calls(b.store)
+	if calls == 0 {
+		t.Fatal("no completion was sent as a CALL while the routine was there")
+	}
+	if _, err := b.db.Exec(`DROP PROCEDURE stepcollect_complete_predicted`); err != nil {
+		t.Fatal(err)
+	}
+	committed, _ := stepmysql.OneTrips(b.store)
+	for i := 1; i < n; i++ {
+		if r, err := b.answer(ctx, step, i, 0); err != nil || r == nil {
+			t.Fatalf("completing %s without the routine: %+v, %v", step.IDs[i], r, err)
+		}
+	}
+	if got := stepmysql.Calls(b.store); got != calls {
+		t.Errorf("%d completions committed as a CALL without the routine", got-calls)
+	}
+	// the first without it went on two round trips, the others in one
+	if after, _ := stepmysql.OneTrips(b.store); after-committed != n-2 {
+		t.Errorf("%d completions in one round trip without the routine, want %d", after-committed, n-2)
+	}
+	if events := outboxEvents(t, b); len(events) != n {
+		t.Errorf("%d events, want %d", len(events), n)
+	}
+	if c := countRows(t, b.db.DB); c.IDCommands != 0 {
+		t.Errorf("rows left: %+v", c)
+	}
+}
+
+// A routine whose enrollment and command parameters are not in
+// id_commands' character set would have the server convert the column to
+// compare, and no key would serve the deletes: the storage does not call
+// it, and completions send the query.
+func TestARoutineInAnotherCharacterSetIsNotCalled(t *testing.T) {
+	t.Parallel()
+	db := testkit.NewDB(t, nil)
+	opts := &setupOpts{db: db, extra: []stepmysql.Option{stepmysql.WithOutbox()}}
+	b := setup(t, opts)
+	if _, err := db.Exec(`DROP PROCEDURE stepcollect_complete_predicted`); err != nil {
+		t.Fatal(err)
+	}
+	// the same signature, its text parameters in latin1; never to run
+	if _, err := db.Exec(`CREATE PROCEDURE stepcollect_complete_predicted(
+    IN p_enrollment VARCHAR(255) CHARACTER SET latin1, IN p_command VARCHAR(127) CHARACTER SET latin1,
+    IN p_step BIGINT, IN p_others MEDIUMTEXT, IN p_others_n INT, IN p_event_id VARCHAR(64),
+    IN p_event_type VARCHAR(32), IN p_payload LONGBLOB, IN p_receipt BOOLEAN)
+    SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'called'`); err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	const n = 4
+	step := b.storedOn(t, completionPaths[3], "latin1", n, 1)
+	committed, _ := stepmysql.OneTrips(b.store)
+	for i := range n {
+		if r, err := b.answer(ctx, step, i, 0); err != nil || r == nil {
+			t.Fatalf("completing %s: %+v, %v", step.IDs[i], r, err)
+		}
+	}
+	if got := stepmysql.Calls(b.store); got != 0 {
+		t.Errorf("%d completions sent as a CALL of a routine in another character set", got)
+	}
+	if after, refused := stepmysql.OneTrips(b.store); after-committed != n || refused != 0 {
+		t.Errorf("%d completions in one round trip and %d refused, want %d and none", after-committed, refused, n)
+	}
+}
+
+// A database restored from a dump taken without its routines has the
+// schema version that created the routine and not the routine: migrate
+// creates it again, and completions call it.
+func TestMigrateCreatesTheRoutineAgain(t *testing.T) {
+	t.Parallel()
+	db := testkit.NewDB(t, nil)
+	routines := func() int {
+		return testkit.Count(t, db.DB, `SELECT COUNT(*) FROM information_schema.ROUTINES WHERE ROUTINE_SCHEMA = DATABASE() AND ROUTINE_NAME = 'stepcollect_complete_predicted'`)
+	}
+	if n := routines(); n != 1 {
+		t.Fatalf("%d routines after migrating, want 1", n)
+	}
+	if _, err := db.Exec(`DROP PROCEDURE stepcollect_complete_predicted`); err != nil {
+		t.Fatal(err)
+	}
+	if err := stepmysql.Migrate(t.Context(), db.DB); err != nil {
+		t.Fatalf("migrating again: %v", err)
+	}
+	if n := routines(); n != 1 {
+		t.Fatalf("%d routines after migrating again, want 1", n)
+	}
+	b := setup(t, &setupOpts{db: db, extra: []stepmysql.Option{stepmysql.WithOutbox()}})
+	step := b.storedOn(t, completionPaths[3], "restored", 2, 1)
+	for i := range 2 {
+		if r, err := b.answer(t.Context(), step, i, 0); err != nil || r == nil {
+			t.Fatalf("completing %s: %+v, %v", step.IDs[i], r, err)
+		}
+	}
+	if stepmysql.Calls(b.store) == 0 {
+		t.Error("no completion called the routine migrate created again")
+	}
+}
+
+// BenchmarkPredictedCompletion completes b.N enrollments of a one-command
+// fan-out, 64 at a time, each predicted (one round trip, with its event),
+// sent as the multi-statement query or as the routine's CALL. Beside the
+// time a completion it reports this process's CPU a completion (the
+// client's), and the server's when STEPCOLLECT_BENCH_SERVER_PID names its
+// process on this machine:
+//
+//	STEPCOLLECT_BENCH_SERVER_PID=$(pidof mariadbd) go test -run '^$' \
+//	  -bench PredictedCompletion -benchtime 10000x -count 3 ./storage/mysql/
+func BenchmarkPredictedCompletion(b *testing.B) {
+	serverPID, _ := strconv.Atoi(os.Getenv("STEPCOLLECT_BENCH_SERVER_PID"))
+	for _, form := range []string{"query", "call"} {
+		b.Run(form, func(b *testing.B) {
+			bd := setup(b, &setupOpts{extra: []stepmysql.Option{stepmysql.WithOutbox()}})
+			if form == "query" {
+				stepmysql.NoProcedure(bd.store)
+			}
+			ctx := context.Background()
+			step := testkit.FanOut("benchcomplete", b.N+1, 1)
+			if err := bd.store.StoreStep(ctx, step, time.Now()); err != nil {
+				b.Fatal(err)
+			}
+			// the first enrollment shows the step's shape: the others are predicted
+			if _, err := bd.answer(ctx, step, b.N, 0); err != nil {
+				b.Fatal(err)
+			}
+			next := make(chan int, b.N)
+			for i := range b.N {
+				next <- i
+			}
+			close(next)
+			var failed error
+			var once sync.Once
+			server0, client0 := processCPU(b, serverPID), selfCPU()
+			b.ResetTimer()
+			var wg sync.WaitGroup
+			for range 64 {
+				wg.Go(func() {
+					for i := range next {
+						if r, err := bd.answer(ctx, step, i, 0); err != nil || r == nil {
+							once.Do(func() { failed = fmt.Errorf("enrollment %s: %+v, %v", step.IDs[i], r, err) })
+						}
+					}
+				})
+			}
+			wg.Wait()
+			b.StopTimer()
+			if failed != nil {
+				b.Fatal(failed)
+			}
+			if n := stepmysql.Calls(bd.store); (form == "call") != (n > 0) {
+				b.Fatalf("%d completions sent as a CALL in the %s form", n, form)
+			}
+			b.ReportMetric(float64(selfCPU()-client0)/float64(b.N)/1e3, "client-µs/op")
+			if serverPID > 0 {
+				b.ReportMetric(float64(processCPU(b, serverPID)-server0)/float64(b.N)/1e3, "server-µs/op")
+			}
+		})
+	}
+}
+
+// selfCPU is this process's CPU time so far.
+func selfCPU() time.Duration {
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// processCPU is process pid's CPU time so far; 0 for pid 0.
+func processCPU(b *testing.B, pid int) time.Duration {
+	if pid == 0 {
+		return 0
+	}
+	d, err := testkit.ProcessCPU(pid)
+	if err != nil {
+		b.Fatalf("STEPCOLLECT_BENCH_SERVER_PID: %v", err)
+	}
+	return d
+}
