@@ -179,7 +179,7 @@ func main() {
 // startRunner opens the server (a private mariadbd unless -server names
 // one) and raw.jsonl.
 func startRunner(o *options) *runner {
-	r := &runner{bin: o.binDir, server: o.server}
+	r := &runner{bin: o.binDir, server: o.server, serverPID: o.serverPID}
 	if r.server == "" {
 		progress("starting a private mariadbd (max_connections 2000, binary log on, sync_binlog=1)")
 		srv, err := testha.RunMariaDB(testha.MariaDBConfig{

@@ -11,6 +11,7 @@ import (
 // options are the command line, checked.
 type options struct {
 	binDir, outDir, server, only string
+	serverPID                    int    // -server-pid: -server's process, when it runs here
 	settings                     string // the fan-out rows' server settings, comma-separated; empty: all
 	ns                           []int
 	controls                     []bool // the fan-out shapes: false one step to N, true a step each
@@ -98,6 +99,7 @@ func parseFlags() *options {
 	flag.StringVar(&o.binDir, "bin", "bin/bench", "directory of the fanout-* binaries and of api and worker")
 	flag.StringVar(&o.outDir, "out", "docs/bench", "where results.md, the charts and raw.jsonl go")
 	flag.StringVar(&o.server, "server", "", "use this server DSN (root, no database) instead of a private mariadbd; needs max_connections above 1000")
+	flag.IntVar(&o.serverPID, "server-pid", 0, "with -server on this machine: its process id, whose CPU the rows then record as mysqld's")
 	flag.BoolVar(&o.skipBig, "skip-large-table", false, "skip the 1M-row CancelSteps and sweeper measurements")
 	flag.BoolVar(&o.noProf, "skip-profile", false, "skip the profiled service run")
 	flag.StringVar(&o.settings, "settings", "", "comma-separated server settings the fan-out rows run in (default all): defaults, stricter, binlog, and the MySQL, Galera and Group Replication ones where those run; to pair one row of one setting quickly")

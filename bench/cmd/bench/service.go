@@ -1,14 +1,11 @@
 package main
 
 import (
-	"fmt"
-	"os"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/stepcollect/stepcollect/bench/internal/fanout"
+	"github.com/stepcollect/stepcollect/internal/testkit"
 )
 
 // service measures stepcollect as a service: the real cmd/api taking the
@@ -135,19 +132,9 @@ func (e *svcEnv) burst(n int, control bool, pids map[string]int) *burstResult {
 func cpuTimes(pids map[string]int) map[string]float64 {
 	out := map[string]float64{}
 	for name, pid := range pids {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-		if err != nil {
-			continue
+		if d, err := testkit.ProcessCPU(pid); err == nil {
+			out[name] = float64(d.Milliseconds())
 		}
-		// fields after the parenthesised command name: utime and stime are
-		// the 12th and 13th, in clock ticks of 10 ms
-		f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+2:]))
-		if len(f) < 13 {
-			continue
-		}
-		ut, _ := strconv.ParseFloat(f[11], 64)
-		st, _ := strconv.ParseFloat(f[12], 64)
-		out[name] = (ut + st) * 10
 	}
 	return out
 }
