@@ -36,8 +36,8 @@ func NoPredictions(s *Storage) { s.hints.off = true }
 // multi-statement query, never the routine's CALL (procedure.go).
 func NoProcedure(s *Storage) { s.proc.off = true }
 
-// Calls says how many of s's one-round-trip completions committed as one
-// CALL of the routine.
+// Calls says how many of s's one-round-trip completions and stores
+// committed as one CALL of their routine.
 func Calls(s *Storage) int64 { return s.hints.called.Load() }
 
 // PredictedDelete is the delete a completion predicted to find own

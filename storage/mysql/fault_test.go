@@ -56,7 +56,7 @@ type faultConnector struct {
 	// that also began the transaction (a completion in one round trip).
 	twoTrips int
 	oneTrips int
-	calls    int // of oneTrips, those sent as the completion's CALL
+	calls    int // of oneTrips, those sent as a routine's CALL
 	// A server gone silent (cut off the network, or a Group Replication
 	// primary without its majority): stallBefore holds the next statement
 	// containing it without running it, stallCommits holds that many
@@ -215,9 +215,9 @@ func (f *faultConn) ExecContext(ctx context.Context, query string, args []driver
 	}
 	exec := f.Conn.(driver.ExecerContext).ExecContext
 	stmts, commits := strings.CutSuffix(query, "; COMMIT")
-	// The completion's routine (procedure.go) begins, runs and commits a
-	// transaction in one CALL.
-	called := strings.HasPrefix(query, "CALL stepcollect_complete_predicted(")
+	// The routines (procedure.go) begin, run and commit a transaction in
+	// one CALL.
+	called := strings.HasPrefix(query, "CALL stepcollect_complete_predicted(") || strings.HasPrefix(query, "CALL stepcollect_store_predicted(")
 	if !commits && !called {
 		return exec(ctx, query, args)
 	}
@@ -564,7 +564,10 @@ func aSilentServerCostsOneTry(t *testing.T, multi completionPath) {
 	// the first command's locking read meets the silence, or, predicted,
 	// its whole transaction
 	first := "FOR UPDATE"
-	if multi.predict {
+	switch {
+	case multi.call:
+		first = "CALL stepcollect_store_predicted("
+	case multi.predict:
 		first = "DO LAST_INSERT_ID(0)"
 	}
 	fc.arm(func(fc *faultConnector) { fc.stallBefore = first })

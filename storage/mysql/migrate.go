@@ -62,29 +62,22 @@ func Migrate(ctx context.Context, db *sql.DB) error {
 	if _, err := p.Up(ctx); err != nil {
 		return fmt.Errorf("migrate: %w", err)
 	}
-	return restoreRoutine(ctx, db, p)
+	return restoreRoutines(ctx, db, p)
 }
 
-// routineMigration is the migration that creates the completion's routine
-// (procedure.go).
+// routineMigration is the migration that creates the routines results
+// are committed with (procedure.go).
 const (
 	routineMigration = "migrations/00012_complete_predicted_procedure.sql"
 	routineVersion   = 12
 )
 
-// restoreRoutine creates the completion's routine again where migration
-// 12 ran but the routine is gone: a dump taken without routines
-// (mysqldump without --routines) and restored, or a DROP by hand. goose
-// records a migration once, so without this nothing would bring it back,
-// and completions would go on without it.
-func restoreRoutine(ctx context.Context, db *sql.DB, p *goose.Provider) error {
-	var n int
-	if err := db.QueryRowContext(ctx, qRoutineExists).Scan(&n); err != nil {
-		return fmt.Errorf("migrate: looking for the completion's routine: %w", err)
-	}
-	if n > 0 {
-		return nil
-	}
+// restoreRoutines creates the routines of migration 12 again where it ran
+// but a routine is gone: a dump taken without routines (mysqldump without
+// --routines) and restored, or a DROP by hand. goose records a migration
+// once, so without this nothing would bring them back, and results would
+// go on without them.
+func restoreRoutines(ctx context.Context, db *sql.DB, p *goose.Provider) error {
 	v, err := p.GetDBVersion(ctx)
 	if err != nil {
 		return fmt.Errorf("migrate: schema version: %w", err)
@@ -92,29 +85,51 @@ func restoreRoutine(ctx context.Context, db *sql.DB, p *goose.Provider) error {
 	if v < routineVersion {
 		return nil // not migrated this far: nothing to restore
 	}
-	create, err := routineCreate()
+	creates, err := routineCreates()
 	if err != nil {
 		return fmt.Errorf("migrate: %w", err)
 	}
-	if _, err := db.ExecContext(ctx, create); err != nil {
-		return fmt.Errorf("migrate: creating the completion's routine again: %w", err)
+	for name, create := range creates {
+		var n int
+		if err := db.QueryRowContext(ctx, qRoutineExists, name).Scan(&n); err != nil {
+			return fmt.Errorf("migrate: looking for routine %s: %w", name, err)
+		}
+		if n > 0 {
+			continue
+		}
+		if _, err := db.ExecContext(ctx, create); err != nil {
+			return fmt.Errorf("migrate: creating routine %s again: %w", name, err)
+		}
 	}
 	return nil
 }
 
-// routineCreate is migration 12's CREATE PROCEDURE, its one statement
-// between goose's StatementBegin and StatementEnd.
-func routineCreate() (string, error) {
+// routineCreates is migration 12's CREATE PROCEDURE statements, each
+// between goose's StatementBegin and StatementEnd, by routine name.
+func routineCreates() (map[string]string, error) {
 	b, err := migrationFiles.ReadFile(routineMigration)
 	if err != nil {
-		return "", err
+		return nil, err
 	}
-	_, rest, ok := strings.Cut(string(b), "-- +goose StatementBegin\n")
-	create, _, ok2 := strings.Cut(rest, "-- +goose StatementEnd")
-	if !ok || !ok2 {
-		return "", fmt.Errorf("%s: no statement between StatementBegin and StatementEnd", routineMigration)
+	out := map[string]string{}
+	rest := string(b)
+	for {
+		_, after, ok := strings.Cut(rest, "-- +goose StatementBegin\n")
+		if !ok {
+			break
+		}
+		create, tail, ok := strings.Cut(after, "-- +goose StatementEnd")
+		if !ok {
+			return nil, fmt.Errorf("%s: a StatementBegin without its StatementEnd", routineMigration)
+		}
+		name, _, _ := strings.Cut(strings.TrimPrefix(create, "CREATE PROCEDURE "), "(")
+		out[name] = create
+		rest = tail
 	}
-	return create, nil
+	if len(out) != 2 {
+		return nil, fmt.Errorf("%s: %d routines, want 2", routineMigration, len(out))
+	}
+	return out, nil
 }
 
 // SchemaVersion returns the database's applied migration version and the

@@ -125,7 +125,7 @@ type hints struct {
 
 	// what the predictions did, for tests and the bench's explanation
 	committed atomic.Int64 // completions sent in one round trip and committed
-	called    atomic.Int64 // of those, the ones sent as a CALL (procedure.go)
+	called    atomic.Int64 // completions and stores sent as a CALL and committed (procedure.go)
 	refused   atomic.Int64 // the guard refused: two round trips
 	// the same of results predicted to leave a command outstanding
 	storesCommitted atomic.Int64
@@ -376,23 +376,39 @@ func (c *completion) oneTripStore(ctx context.Context, ct *connTx, a *attempt, p
 			return false, errNoPrediction
 		}
 	}
-	in := strings.TrimSuffix(strings.Repeat("?, ", 1+p.outstanding), ", ") + ")"
-	args := []any{c.sc.CommandUUID, c.sc.ResultReport, c.sc.CommandUUID, c.id, p.stepID, c.sc.CommandUUID}
-	for _, r := range p.others {
-		if !r.completed {
-			args = append(args, r.commandUUID)
+	var q string
+	var args []any
+	called := false
+	if !ct.begun && c.s.proc.use(ctx, ct.conn) {
+		// the routine starts the transaction (see oneTrip)
+		q, args = storeCall(c.id, c.sc, p)
+		called, ct.begun = true, true
+	} else {
+		in := strings.TrimSuffix(strings.Repeat("?, ", 1+p.outstanding), ", ") + ")"
+		args = []any{c.sc.CommandUUID, c.sc.ResultReport, c.sc.CommandUUID, c.id, p.stepID, c.sc.CommandUUID}
+		for _, r := range p.others {
+			if !r.completed {
+				args = append(args, r.commandUUID)
+			}
 		}
+		args = append(args, tallyOwn+p.outstanding)
+		q = ct.begin(qResetTally) + "; " + qRecordResultIf + in + "; " + qGuardTally + "; COMMIT"
 	}
-	args = append(args, tallyOwn+p.outstanding)
-	q := ct.begin(qResetTally) + "; " + qRecordResultIf + in + "; " + qGuardTally + "; COMMIT"
 	_, err = ct.conn.ExecContext(ctx, q, args...)
-	switch {
+	switch no := mysqlErrNo(err); {
 	case err == nil:
 		ct.ended = true
 		c.stepID, c.predicted = p.stepID, p
 		c.s.hints.storeWent(c.sc.CommandUUID, true)
+		if called {
+			c.s.hints.called.Add(1)
+		}
 		return true, nil
-	case mysqlErrNo(err) == erGuardRefused:
+	case called && (no == erSPDoesNotExist || no == erProcAccessDenied || no == erSPWrongArgs):
+		// refused before any of it ran: the two-trip path
+		c.s.proc.failed(err)
+		return false, ct.rollbackRefused(ctx, "a result", p.stepID)
+	case no == erGuardRefused || (called && no == erGuardRefusedSignal):
 		c.s.hints.storeWent(c.sc.CommandUUID, false)
 		return false, ct.rollbackRefused(ctx, "a result", p.stepID)
 	}

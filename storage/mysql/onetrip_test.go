@@ -279,7 +279,14 @@ func TestAResultLeavingACommandOutstandingGoesInOneRoundTrip(t *testing.T) {
 // which is then stored again and completes nothing.
 func TestAStaleStorePredictionIsRefusedAndLeavesNothing(t *testing.T) {
 	t.Parallel()
+	onBothOneTripForms(t, aStaleStorePredictionIsRefused)
+}
+
+func aStaleStorePredictionIsRefused(t *testing.T, call bool) *bundle {
 	a, b := twoReplicas(t)
+	if !call {
+		stepmysql.NoProcedure(a.store)
+	}
 	ctx := t.Context()
 	step := a.storedOn(t, completionPaths[2], "stalestore", 2, 2)
 	stores0, refused0 := stepmysql.OneTripStores(a.store)
@@ -317,6 +324,7 @@ func TestAStaleStorePredictionIsRefusedAndLeavesNothing(t *testing.T) {
 	if c := countRows(t, a.db.DB); c != (testkit.StepRows{}) {
 		t.Errorf("rows left: %+v", c)
 	}
+	return a
 }
 
 // explainKey is the index EXPLAIN says q uses, and how (its type: a

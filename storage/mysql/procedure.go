@@ -9,13 +9,14 @@ import (
 	"sync"
 	"time"
 
+	nanostorage "github.com/micromdm/nanocmd/engine/storage"
 	"github.com/rs/zerolog"
 )
 
-// A predicted completion (onetrip.go) is one CALL of the routine migration
-// 12 creates, where the database has it and may: the same statements in
-// the same order, parsed once per connection and answered once, after
-// COMMIT (the migration says what that saves). Where it cannot be used,
+// A predicted completion, or a predicted store (onetrip.go), is one CALL of
+// a routine migration 12 creates, where the database has them and may:
+// the same work in the same order, parsed once per connection and answered
+// once, after COMMIT (the migration says what that saves). Where it cannot be used,
 // the multi-statement query runs as before, so a database migrated by an
 // older build, an account without EXECUTE, or id_commands columns whose
 // character set the routine's parameters do not share costs speed, never
@@ -55,13 +56,13 @@ func (p *completeProc) use(ctx context.Context, conn *sql.Conn) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.looking = false
-	p.usable, p.checked = err == nil && n == 2, time.Now()
+	p.usable, p.checked = err == nil && n == 4, time.Now()
 	if !p.usable {
-		ev := p.logger.Warn().Str("routine", procName)
+		ev := p.logger.Warn().Str("routines", procName)
 		if err != nil {
 			ev = ev.Err(err)
 		}
-		ev.Msg("completions go without their routine: it is missing (bin/migrate creates it again), not callable, or its parameters' character set or collation are not id_commands' columns'; every result is committed as before, at more CPU a result")
+		ev.Msg("completions go without their routines: one is missing (bin/migrate creates it again), not callable, or its parameters' character set or collation are not id_commands' columns'; every result is committed as before, at more CPU a result")
 	}
 	return p.usable
 }
@@ -72,11 +73,11 @@ func (p *completeProc) failed(err error) {
 	p.mu.Lock()
 	p.usable, p.checked = false, time.Now()
 	p.mu.Unlock()
-	p.logger.Warn().Str("routine", procName).Err(err).Msg("completions go without their routine until it is looked for again in a minute: every result is committed as before, at more CPU a result")
+	p.logger.Warn().Str("routines", procName).Err(err).Msg("completions go without their routines until they are looked for again in a minute: every result is committed as before, at more CPU a result")
 }
 
-// procName is the routine's name (migration 12).
-const procName = "stepcollect_complete_predicted"
+// procName names the routines (migration 12), for the log.
+const procName = "stepcollect_complete_predicted, stepcollect_store_predicted"
 
 // Errors a CALL of the routine returns without having run any of it.
 const (
@@ -123,4 +124,22 @@ func completeCall(id string, p *prediction, ct *connTx) (q string, args []any, o
 		others.WriteString(hex.EncodeToString(sum[:]))
 	}
 	return qCallCompletePredicted, []any{id, p.own.commandUUID, p.stepID, others.String(), len(p.others), eventID, eventType, payload, receipt}, true
+}
+
+// storeCall is the CALL of the store's routine for p: the reported
+// command's row and the others p predicts outstanding, as ",<hex>,…,".
+func storeCall(id string, sc *nanostorage.StepCommandResult, p *prediction) (q string, args []any) {
+	var rows strings.Builder
+	rows.WriteByte(',')
+	n := 1
+	rows.WriteString(hex.EncodeToString([]byte(sc.CommandUUID)))
+	rows.WriteByte(',')
+	for _, r := range p.others {
+		if !r.completed {
+			rows.WriteString(hex.EncodeToString([]byte(r.commandUUID)))
+			rows.WriteByte(',')
+			n++
+		}
+	}
+	return qCallStorePredicted, []any{id, sc.CommandUUID, p.stepID, sc.ResultReport, rows.String(), n}
 }

@@ -14,23 +14,21 @@ import (
 	stepmysql "github.com/stepcollect/stepcollect/storage/mysql"
 )
 
-// The routine's deletes go by each row's primary key, the reporting
-// enrollment's own: with every other enrollment's rows of the step locked
-// by another transaction (the next enrollment's too), a predicted
-// completion of a two-command step still commits, as one CALL, at once.
-// A delete that went through the step_id index, or a parameter converted
-// to another character set (which keeps the primary key from serving),
-// would wait for those locks until its context ended.
-func TestTheRoutineLocksOnlyTheReportingEnrollmentsRows(t *testing.T) {
+// The routines go by primary key, the reporting enrollment's own rows:
+// with every other enrollment's rows of the step locked by another
+// transaction, each row and its step_id index entry (the next
+// enrollment's too), a predicted store and then a
+// predicted completion of a two-command step still commit, each one CALL,
+// at once. A statement that went through the step_id index, or a
+// parameter converted to another character set (which keeps the primary
+// key from serving), would wait for those locks until its context ended.
+func TestTheRoutinesLockOnlyTheReportingEnrollmentsRows(t *testing.T) {
 	t.Parallel()
 	b := setup(t, &setupOpts{extra: []stepmysql.Option{stepmysql.WithOutbox()}})
 	ctx := t.Context()
 	const n = 40
 	step := b.storedOn(t, completionPaths[3], "ownrows", n, 2)
 	const me = 17
-	if _, err := b.answer(ctx, step, me, 0); err != nil {
-		t.Fatal(err)
-	}
 
 	holder, err := b.db.DB.Conn(ctx)
 	if err != nil {
@@ -49,7 +47,8 @@ func TestTheRoutineLocksOnlyTheReportingEnrollmentsRows(t *testing.T) {
 		}
 		var one int
 		for _, c := range step.Commands {
-			if err := tx.QueryRowContext(ctx, `SELECT 1 FROM id_commands WHERE enrollment_id = ? AND command_uuid = ? FOR UPDATE`, id, c.CommandUUID).Scan(&one); err != nil {
+			// through the step_id index: its entry and the row are locked
+			if err := tx.QueryRowContext(ctx, `SELECT 1 FROM id_commands FORCE INDEX (step_id) WHERE step_id = (SELECT id FROM steps) AND enrollment_id = ? AND command_uuid = ? FOR UPDATE`, id, c.CommandUUID).Scan(&one); err != nil {
 				t.Fatalf("locking %s's row of %s: %v", id, c.CommandUUID, err)
 			}
 			locked++
@@ -60,12 +59,15 @@ func TestTheRoutineLocksOnlyTheReportingEnrollmentsRows(t *testing.T) {
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	began := time.Now()
+	if r, err := b.answer(cctx, step, me, 0); err != nil || r != nil {
+		t.Fatalf("storing %s's first result with the other %d rows of the step locked elsewhere: %+v, %v (after %v)", step.IDs[me], locked, r, err, time.Since(began))
+	}
 	r, err := b.answer(cctx, step, me, 1)
 	if err != nil || r == nil {
 		t.Fatalf("completing %s with the other %d rows of the step locked elsewhere: %+v, %v (after %v)", step.IDs[me], locked, r, err, time.Since(began))
 	}
-	if got := stepmysql.Calls(b.store) - calls; got != 1 {
-		t.Errorf("%d completions sent as a CALL, want this one", got)
+	if got := stepmysql.Calls(b.store) - calls; got != 2 {
+		t.Errorf("%d results sent as a CALL, want both", got)
 	}
 	if n := b.enrollmentRows(t, step.IDs[me]); n != 0 {
 		t.Errorf("%s holds %d rows after its completion", step.IDs[me], n)
@@ -161,90 +163,108 @@ func TestMigrateCreatesTheRoutineAgain(t *testing.T) {
 	t.Parallel()
 	db := testkit.NewDB(t, nil)
 	routines := func() int {
-		return testkit.Count(t, db.DB, `SELECT COUNT(*) FROM information_schema.ROUTINES WHERE ROUTINE_SCHEMA = DATABASE() AND ROUTINE_NAME = 'stepcollect_complete_predicted'`)
+		return testkit.Count(t, db.DB, `SELECT COUNT(*) FROM information_schema.ROUTINES WHERE ROUTINE_SCHEMA = DATABASE() AND ROUTINE_NAME IN ('stepcollect_complete_predicted', 'stepcollect_store_predicted')`)
 	}
-	if n := routines(); n != 1 {
-		t.Fatalf("%d routines after migrating, want 1", n)
+	if n := routines(); n != 2 {
+		t.Fatalf("%d routines after migrating, want 2", n)
 	}
-	if _, err := db.Exec(`DROP PROCEDURE stepcollect_complete_predicted`); err != nil {
-		t.Fatal(err)
-	}
-	if err := stepmysql.Migrate(t.Context(), db.DB); err != nil {
-		t.Fatalf("migrating again: %v", err)
-	}
-	if n := routines(); n != 1 {
-		t.Fatalf("%d routines after migrating again, want 1", n)
+	for _, drop := range []string{"stepcollect_complete_predicted", "stepcollect_store_predicted"} {
+		if _, err := db.Exec(`DROP PROCEDURE ` + drop); err != nil {
+			t.Fatal(err)
+		}
+		if err := stepmysql.Migrate(t.Context(), db.DB); err != nil {
+			t.Fatalf("migrating again without %s: %v", drop, err)
+		}
+		if n := routines(); n != 2 {
+			t.Fatalf("%d routines after migrating again without %s, want 2", n, drop)
+		}
 	}
 	b := setup(t, &setupOpts{db: db, extra: []stepmysql.Option{stepmysql.WithOutbox()}})
-	step := b.storedOn(t, completionPaths[3], "restored", 2, 1)
+	step := b.storedOn(t, completionPaths[3], "restored", 2, 2)
+	calls := stepmysql.Calls(b.store) // the warm-up's
 	for i := range 2 {
-		if r, err := b.answer(t.Context(), step, i, 0); err != nil || r == nil {
+		if _, err := b.answer(t.Context(), step, i, 0); err != nil {
+			t.Fatalf("storing %s's first result: %v", step.IDs[i], err)
+		}
+		if r, err := b.answer(t.Context(), step, i, 1); err != nil || r == nil {
 			t.Fatalf("completing %s: %+v, %v", step.IDs[i], r, err)
 		}
 	}
-	if stepmysql.Calls(b.store) == 0 {
-		t.Error("no completion called the routine migrate created again")
+	if n := stepmysql.Calls(b.store) - calls; n != 4 {
+		t.Errorf("%d results called the routines migrate created again, want all 4", n)
 	}
 }
 
-// BenchmarkPredictedCompletion completes b.N enrollments of a one-command
-// fan-out, 64 at a time, each predicted (one round trip, with its event),
-// sent as the multi-statement query or as the routine's CALL. Beside the
-// time a completion it reports this process's CPU a completion (the
-// client's), and the server's when STEPCOLLECT_BENCH_SERVER_PID names its
-// process on this machine:
+// BenchmarkPredictedResults completes b.N enrollments of a fan-out, 64
+// at a time, each result predicted (one round trip; the last with its
+// event), sent as the multi-statement queries or as the routines' CALLs:
+// one command a step (a completion each), or two (a store, then a
+// completion: an op is both). Beside the time an op it reports this
+// process's CPU an op (the client's), and the server's when
+// STEPCOLLECT_BENCH_SERVER_PID names its process on this machine:
 //
 //	STEPCOLLECT_BENCH_SERVER_PID=$(pidof mariadbd) go test -run '^$' \
-//	  -bench PredictedCompletion -benchtime 10000x -count 3 ./storage/mysql/
-func BenchmarkPredictedCompletion(b *testing.B) {
+//	  -bench PredictedResults -benchtime 10000x ./storage/mysql/
+func BenchmarkPredictedResults(b *testing.B) {
 	serverPID, _ := strconv.Atoi(os.Getenv("STEPCOLLECT_BENCH_SERVER_PID"))
-	for _, form := range []string{"query", "call"} {
-		b.Run(form, func(b *testing.B) {
-			bd := setup(b, &setupOpts{extra: []stepmysql.Option{stepmysql.WithOutbox()}})
-			if form == "query" {
-				stepmysql.NoProcedure(bd.store)
-			}
-			ctx := context.Background()
-			step := testkit.FanOut("benchcomplete", b.N+1, 1)
-			if err := bd.store.StoreStep(ctx, step, time.Now()); err != nil {
-				b.Fatal(err)
-			}
-			// the first enrollment shows the step's shape: the others are predicted
-			if _, err := bd.answer(ctx, step, b.N, 0); err != nil {
-				b.Fatal(err)
-			}
-			next := make(chan int, b.N)
-			for i := range b.N {
-				next <- i
-			}
-			close(next)
-			var failed error
-			var once sync.Once
-			server0, client0 := processCPU(b, serverPID), selfCPU()
-			b.ResetTimer()
-			var wg sync.WaitGroup
-			for range 64 {
-				wg.Go(func() {
-					for i := range next {
-						if r, err := bd.answer(ctx, step, i, 0); err != nil || r == nil {
-							once.Do(func() { failed = fmt.Errorf("enrollment %s: %+v, %v", step.IDs[i], r, err) })
-						}
+	for _, cmds := range []int{1, 2} {
+		for _, form := range []string{"query", "call"} {
+			b.Run(fmt.Sprintf("%d-commands/%s", cmds, form), func(b *testing.B) {
+				predictedResults(b, serverPID, cmds, form == "call")
+			})
+		}
+	}
+}
+
+func predictedResults(b *testing.B, serverPID, cmds int, call bool) {
+	bd := setup(b, &setupOpts{extra: []stepmysql.Option{stepmysql.WithOutbox()}})
+	if !call {
+		stepmysql.NoProcedure(bd.store)
+	}
+	ctx := context.Background()
+	step := testkit.FanOut("benchresults", b.N+1, cmds)
+	if err := bd.store.StoreStep(ctx, step, time.Now()); err != nil {
+		b.Fatal(err)
+	}
+	// the first enrollment shows the step's shape: the others are predicted
+	for c := range cmds {
+		if _, err := bd.answer(ctx, step, b.N, c); err != nil {
+			b.Fatal(err)
+		}
+	}
+	next := make(chan int, b.N)
+	for i := range b.N {
+		next <- i
+	}
+	close(next)
+	var failed error
+	var once sync.Once
+	server0, client0 := processCPU(b, serverPID), selfCPU()
+	b.ResetTimer()
+	var wg sync.WaitGroup
+	for range 64 {
+		wg.Go(func() {
+			for i := range next {
+				for c := range cmds {
+					r, err := bd.answer(ctx, step, i, c)
+					if err != nil || (r == nil) != (c < cmds-1) {
+						once.Do(func() { failed = fmt.Errorf("enrollment %s, command %d: %+v, %v", step.IDs[i], c, r, err) })
 					}
-				})
-			}
-			wg.Wait()
-			b.StopTimer()
-			if failed != nil {
-				b.Fatal(failed)
-			}
-			if n := stepmysql.Calls(bd.store); (form == "call") != (n > 0) {
-				b.Fatalf("%d completions sent as a CALL in the %s form", n, form)
-			}
-			b.ReportMetric(float64(selfCPU()-client0)/float64(b.N)/1e3, "client-µs/op")
-			if serverPID > 0 {
-				b.ReportMetric(float64(processCPU(b, serverPID)-server0)/float64(b.N)/1e3, "server-µs/op")
+				}
 			}
 		})
+	}
+	wg.Wait()
+	b.StopTimer()
+	if failed != nil {
+		b.Fatal(failed)
+	}
+	if n := stepmysql.Calls(bd.store); call != (n > 0) {
+		b.Fatalf("%d results sent as a CALL, with the routines on: %v", n, call)
+	}
+	b.ReportMetric(float64(selfCPU()-client0)/float64(b.N)/1e3, "client-µs/op")
+	if serverPID > 0 {
+		b.ReportMetric(float64(processCPU(b, serverPID)-server0)/float64(b.N)/1e3, "server-µs/op")
 	}
 }
 

@@ -108,20 +108,25 @@ VALUES (IF(ROW_COUNT() = ?, ?, NULL), ?, ?, ?, ?)`
 	// other rows with their results' SHA-256 and how many, then the event
 	// (its id NULL for none), and whether to write the receipt.
 	qCallCompletePredicted = `CALL stepcollect_complete_predicted(?, ?, ?, ?, ?, ?, ?, ?, ?)`
-	// Whether the routine is there at all (migrate.go). Non-locking.
+	// A predicted store as one CALL (procedure.go): the enrollment, the
+	// reported command, the step, its result, then the rows predicted
+	// outstanding (the reported one among them) and how many.
+	qCallStorePredicted = `CALL stepcollect_store_predicted(?, ?, ?, ?, ?, ?)`
+	// Whether a routine is there at all (migrate.go). Non-locking.
 	qRoutineExists = `
 SELECT COUNT(*) FROM information_schema.ROUTINES
-WHERE ROUTINE_SCHEMA = DATABASE() AND ROUTINE_NAME = 'stepcollect_complete_predicted' AND ROUTINE_TYPE = 'PROCEDURE'`
-	// Whether it is there and its enrollment and command parameters have
-	// the character set and collation of id_commands' columns: 2 when
-	// both do. Non-locking.
+WHERE ROUTINE_SCHEMA = DATABASE() AND ROUTINE_NAME = ? AND ROUTINE_TYPE = 'PROCEDURE'`
+	// Whether both are there and their enrollment and command parameters
+	// have the character set and collation of id_commands' columns: 4 when
+	// all do. Non-locking.
 	qCompleteProcFits = `
 SELECT COUNT(*) FROM information_schema.PARAMETERS p
 JOIN information_schema.COLUMNS c
   ON c.TABLE_SCHEMA = p.SPECIFIC_SCHEMA AND c.TABLE_NAME = 'id_commands'
   AND c.COLUMN_NAME = IF(p.PARAMETER_NAME = 'p_enrollment', 'enrollment_id', 'command_uuid')
-WHERE p.SPECIFIC_SCHEMA = DATABASE() AND p.SPECIFIC_NAME = 'stepcollect_complete_predicted'
-  AND p.ROUTINE_TYPE = 'PROCEDURE' AND p.PARAMETER_NAME IN ('p_enrollment', 'p_command')
+WHERE p.SPECIFIC_SCHEMA = DATABASE() AND p.ROUTINE_TYPE = 'PROCEDURE'
+  AND p.SPECIFIC_NAME IN ('stepcollect_complete_predicted', 'stepcollect_store_predicted')
+  AND p.PARAMETER_NAME IN ('p_enrollment', 'p_command')
   AND p.CHARACTER_SET_NAME = c.CHARACTER_SET_NAME AND p.COLLATION_NAME = c.COLLATION_NAME`
 
 	// A result predicted to leave another command outstanding
