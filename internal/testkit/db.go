@@ -1,6 +1,7 @@
 package testkit
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"database/sql"
@@ -41,6 +42,9 @@ type DBOptions struct {
 	// driver sends them. For tests of what the storage does on a pool it
 	// did not open (WithDB), as an embedding program's.
 	PlainPool bool
+	// Server is the DSN (root, no database) of the server to create the
+	// database on: a private one a test started; ServerDSN() when empty.
+	Server string
 }
 
 // DB is a fresh test database: created as test_<random>, dropped when the
@@ -93,9 +97,10 @@ func NewDB(t testing.TB, opts *DBOptions) *DB {
 	if lockWait == 0 {
 		lockWait = 2
 	}
-	admin, err := sql.Open("mysql", ServerDSN())
+	server := cmp.Or(opts.Server, ServerDSN())
+	admin, err := sql.Open("mysql", server)
 	if err != nil {
-		t.Fatalf("opening the server %s: %v", ServerDSN(), err)
+		t.Fatalf("opening the server %s: %v", server, err)
 	}
 	t.Cleanup(func() { admin.Close() })
 
@@ -111,7 +116,7 @@ func NewDB(t testing.TB, opts *DBOptions) *DB {
 		}
 	})
 
-	cfg, err := mysql.ParseDSN(ServerDSN())
+	cfg, err := mysql.ParseDSN(server)
 	if err != nil {
 		t.Fatalf("server DSN: %v", err)
 	}

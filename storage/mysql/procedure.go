@@ -14,13 +14,13 @@ import (
 )
 
 // A predicted completion, or a predicted store (onetrip.go), is one CALL of
-// a routine migration 12 creates, where the database has them and may:
-// the same work in the same order, parsed once per connection and answered
-// once, after COMMIT (the migration says what that saves). Where it cannot be used,
-// the multi-statement query runs as before, so a database migrated by an
-// older build, an account without EXECUTE, or id_commands columns whose
-// character set the routine's parameters do not share costs speed, never
-// a result.
+// a routine migration 12 creates, where the database has them, may run
+// them, and they pay (routinesPay): the same work in the same order,
+// parsed once per connection and answered once, after COMMIT (the
+// migration says what that saves). Elsewhere the multi-statement queries
+// run as before, so a database migrated by an older build, an account
+// without EXECUTE, or id_commands columns whose character set the
+// routines' parameters do not share costs speed, never a result.
 
 // procRecheck is how long a routine found unusable stays so before it is
 // looked for again (a migration run while this process serves).
@@ -31,6 +31,7 @@ type completeProc struct {
 	usable  bool
 	checked time.Time // zero: never
 	looking bool      // a completion is looking now
+	told    bool      // the log said the routines do not pay here
 	logger  zerolog.Logger
 	off     bool // tests: never use it
 }
@@ -53,10 +54,24 @@ func (p *completeProc) use(ctx context.Context, conn *sql.Conn) bool {
 	p.mu.Unlock()
 	var n int
 	err := conn.QueryRowContext(ctx, qCompleteProcFits).Scan(&n)
+	var logBin bool
+	var version string
+	if err == nil {
+		err = conn.QueryRowContext(ctx, qServerLogBin).Scan(&logBin, &version)
+	}
+	pays := routinesPay(version, logBin)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.looking = false
-	p.usable, p.checked = err == nil && n == 4, time.Now()
+	p.usable, p.checked = err == nil && n == 4 && pays, time.Now()
+	if err == nil && n == 4 && !pays {
+		if p.told {
+			return false
+		}
+		p.told = true
+		p.logger.Info().Str("routines", procName).Msg("results send their statements, not the routines: on MariaDB with its binary log on, the routines cost the server more than they save (docs/benchmarks.md)")
+		return false
+	}
 	if !p.usable {
 		ev := p.logger.Warn().Str("routines", procName)
 		if err != nil {
@@ -65,6 +80,16 @@ func (p *completeProc) use(ctx context.Context, conn *sql.Conn) bool {
 		ev.Msg("completions go without their routines: one is missing (bin/migrate creates it again), not callable, or its parameters' character set or collation are not id_commands' columns'; every result is committed as before, at more CPU a result")
 	}
 	return p.usable
+}
+
+// routinesPay says whether the routines save CPU on a server of this
+// version with its binary log on or off, as measured
+// (BenchmarkPredictedResults, docs/benchmarks.md): on MySQL 9.7 (binary
+// log on) and on MariaDB 10.11 without one, the client's and the server's
+// CPU a result fell; on MariaDB with its binary log on, whether or not the
+// session wrote to it, the server spent more than the client saved.
+func routinesPay(version string, logBin bool) bool {
+	return !(logBin && strings.Contains(version, "MariaDB"))
 }
 
 // failed records that a CALL was refused before it ran (no such routine,

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/stepcollect/stepcollect/internal/testkit"
+	"github.com/stepcollect/stepcollect/internal/testkit/testha"
 	stepmysql "github.com/stepcollect/stepcollect/storage/mysql"
 )
 
@@ -150,6 +151,36 @@ func TestARoutineInAnotherCharacterSetIsNotCalled(t *testing.T) {
 	}
 	if got := stepmysql.Calls(b.store); got != 0 {
 		t.Errorf("%d completions sent as a CALL of a routine in another character set", got)
+	}
+	if after, refused := stepmysql.OneTrips(b.store); after-committed != n || refused != 0 {
+		t.Errorf("%d completions in one round trip and %d refused, want %d and none", after-committed, refused, n)
+	}
+}
+
+// On MariaDB with its binary log on, the routines cost the server more
+// than they save the client (docs/benchmarks.md): the storage does not
+// call them there, and every result commits with the statements.
+func TestTheRoutinesAreNotCalledOnMariaDBWithItsBinaryLog(t *testing.T) {
+	t.Parallel()
+	srv, err := testha.RunMariaDB(testha.MariaDBConfig{LogBin: true})
+	if err != nil {
+		t.Fatalf("starting a private mariadbd with its binary log: %v", err)
+	}
+	t.Cleanup(srv.Stop)
+	db := testkit.NewDB(t, &testkit.DBOptions{Server: srv.DSN()})
+	b := setup(t, &setupOpts{db: db, extra: []stepmysql.Option{stepmysql.WithOutbox()}})
+	const n = 4
+	step := b.storedOn(t, completionPaths[3], "logbin", n, 2)
+	committed, _ := stepmysql.OneTrips(b.store)
+	for i := range n {
+		for c := range 2 {
+			if r, err := b.answer(t.Context(), step, i, c); err != nil || (r == nil) != (c == 0) {
+				t.Fatalf("enrollment %s, command %d: %+v, %v", step.IDs[i], c, r, err)
+			}
+		}
+	}
+	if got := stepmysql.Calls(b.store); got != 0 {
+		t.Errorf("%d results sent as a CALL on MariaDB with its binary log", got)
 	}
 	if after, refused := stepmysql.OneTrips(b.store); after-committed != n || refused != 0 {
 		t.Errorf("%d completions in one round trip and %d refused, want %d and none", after-committed, refused, n)

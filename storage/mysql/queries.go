@@ -112,6 +112,9 @@ VALUES (IF(ROW_COUNT() = ?, ?, NULL), ?, ?, ?, ?)`
 	// reported command, the step, its result, then the rows predicted
 	// outstanding (the reported one among them) and how many.
 	qCallStorePredicted = `CALL stepcollect_store_predicted(?, ?, ?, ?, ?, ?)`
+	// The server's binary log and version: whether the routines pay
+	// (procedure.go).
+	qServerLogBin = `SELECT @@log_bin, VERSION()`
 	// Whether a routine is there at all (migrate.go). Non-locking.
 	qRoutineExists = `
 SELECT COUNT(*) FROM information_schema.ROUTINES

@@ -3,8 +3,10 @@
 -- the guarded INSERT; COMMIT), every statement is parsed on arrival and
 -- answered with a packet of its own, which the client wakes to read. A routine is parsed once per
 -- connection, and a CALL is answered once, after its COMMIT: the client's
--- CPU a completion a fifth to a half less, the server's up to a quarter
--- (BenchmarkPredictedResults; docs/benchmarks.md).
+-- CPU a result a fifth to a half less, the server's up to a quarter, on
+-- MySQL and on MariaDB without a binary log (on MariaDB with one the server
+-- spends more, and the storage does not call them there;
+-- BenchmarkPredictedResults, docs/benchmarks.md).
 --
 -- It does what the query does, in the same order, and nothing else: the
 -- enrollment's predicted rows deleted by primary key, each only in its
