@@ -314,10 +314,15 @@ func (c *completion) oneTrip(ctx context.Context, ct *connTx, a *attempt, p *pre
 	}
 	var q string
 	called := false
-	if call, cargs, ok := completeCall(c.id, p, ct); ok && !ct.begun && c.s.proc.use(ctx, ct.conn) {
+	var call string
+	var cargs []any
+	if !ct.begun && c.s.proc.use(ctx, ct.conn) {
+		call, cargs, called = completeCall(c.id, p, ct)
+	}
+	if called {
 		// The routine starts the transaction: from here the session may
 		// be in it, and release rolls back what did not commit.
-		q, args, called, ct.begun = call, cargs, true, true
+		q, args, ct.begun = call, cargs, true
 	} else {
 		// the guard's count, then the evidence's values: the same
 		// arguments whether the guard is a statement of its own or its

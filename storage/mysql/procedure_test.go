@@ -140,17 +140,26 @@ func TestARoutineInAnotherCharacterSetIsNotCalled(t *testing.T) {
     SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'called'`); err != nil {
 		t.Fatal(err)
 	}
-	ctx := t.Context()
+	answeredWithoutACall(t, b, "latin1", 1)
+}
+
+// answeredWithoutACall answers four enrollments of a fan-out of cmds
+// commands on b, predicted, and fails t unless every result committed,
+// none as a CALL, each completion in one round trip and none refused.
+func answeredWithoutACall(t *testing.T, b *bundle, prefix string, cmds int) {
+	t.Helper()
 	const n = 4
-	step := b.storedOn(t, completionPaths[3], "latin1", n, 1)
+	step := b.storedOn(t, completionPaths[3], prefix, n, cmds)
 	committed, _ := stepmysql.OneTrips(b.store)
 	for i := range n {
-		if r, err := b.answer(ctx, step, i, 0); err != nil || r == nil {
-			t.Fatalf("completing %s: %+v, %v", step.IDs[i], r, err)
+		for c := range cmds {
+			if r, err := b.answer(t.Context(), step, i, c); err != nil || (r == nil) != (c < cmds-1) {
+				t.Fatalf("enrollment %s, command %d: %+v, %v", step.IDs[i], c, r, err)
+			}
 		}
 	}
 	if got := stepmysql.Calls(b.store); got != 0 {
-		t.Errorf("%d completions sent as a CALL of a routine in another character set", got)
+		t.Errorf("%d results sent as a CALL", got)
 	}
 	if after, refused := stepmysql.OneTrips(b.store); after-committed != n || refused != 0 {
 		t.Errorf("%d completions in one round trip and %d refused, want %d and none", after-committed, refused, n)
@@ -169,22 +178,7 @@ func TestTheRoutinesAreNotCalledOnMariaDBWithItsBinaryLog(t *testing.T) {
 	t.Cleanup(srv.Stop)
 	db := testkit.NewDB(t, &testkit.DBOptions{Server: srv.DSN()})
 	b := setup(t, &setupOpts{db: db, extra: []stepmysql.Option{stepmysql.WithOutbox()}})
-	const n = 4
-	step := b.storedOn(t, completionPaths[3], "logbin", n, 2)
-	committed, _ := stepmysql.OneTrips(b.store)
-	for i := range n {
-		for c := range 2 {
-			if r, err := b.answer(t.Context(), step, i, c); err != nil || (r == nil) != (c == 0) {
-				t.Fatalf("enrollment %s, command %d: %+v, %v", step.IDs[i], c, r, err)
-			}
-		}
-	}
-	if got := stepmysql.Calls(b.store); got != 0 {
-		t.Errorf("%d results sent as a CALL on MariaDB with its binary log", got)
-	}
-	if after, refused := stepmysql.OneTrips(b.store); after-committed != n || refused != 0 {
-		t.Errorf("%d completions in one round trip and %d refused, want %d and none", after-committed, refused, n)
-	}
+	answeredWithoutACall(t, b, "logbin", 2)
 }
 
 // A database restored from a dump taken without its routines has the
