@@ -40,10 +40,6 @@ func NoProcedure(s *Storage) { s.proc.off = true }
 // committed as one CALL of their routine.
 func Calls(s *Storage) int64 { return s.hints.called.Load() }
 
-// StoreCalls says how many of Calls were stores (results that left a
-// command outstanding).
-func StoreCalls(s *Storage) int64 { return s.hints.calledStores.Load() }
-
 // PredictedDelete is the delete a completion predicted to find own
 // outstanding and others stored sends first (onetrip.go), with its
 // arguments (the others' results hashed as empty).

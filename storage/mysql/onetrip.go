@@ -124,10 +124,9 @@ type hints struct {
 	off         bool // no predictions (tests)
 
 	// what the predictions did, for tests and the bench's explanation
-	committed    atomic.Int64 // completions sent in one round trip and committed
-	called       atomic.Int64 // completions and stores sent as a CALL and committed (procedure.go)
-	calledStores atomic.Int64 // the stores among them
-	refused      atomic.Int64 // the guard refused: two round trips
+	committed atomic.Int64 // completions sent in one round trip and committed
+	called    atomic.Int64 // completions and stores sent as a CALL and committed (procedure.go)
+	refused   atomic.Int64 // the guard refused: two round trips
 	// the same of results predicted to leave a command outstanding
 	storesCommitted atomic.Int64
 	storesRefused   atomic.Int64
@@ -385,7 +384,7 @@ func (c *completion) oneTripStore(ctx context.Context, ct *connTx, a *attempt, p
 	var q string
 	var args []any
 	called := false
-	if !ct.begun && c.s.proc.useStore(ctx, ct.conn) {
+	if !ct.begun && c.s.proc.use(ctx, ct.conn) {
 		// the routine starts the transaction (see oneTrip)
 		q, args = storeCall(c.id, c.sc, p)
 		called, ct.begun = true, true
@@ -408,7 +407,6 @@ func (c *completion) oneTripStore(ctx context.Context, ct *connTx, a *attempt, p
 		c.s.hints.storeWent(c.sc.CommandUUID, true)
 		if called {
 			c.s.hints.called.Add(1)
-			c.s.hints.calledStores.Add(1)
 		}
 		return true, nil
 	case called && (no == erSPDoesNotExist || no == erProcAccessDenied || no == erSPWrongArgs):

@@ -15,7 +15,7 @@ import (
 
 // A predicted completion, or a predicted store (onetrip.go), is one CALL of
 // a routine migration 12 creates, where the database has them, may run
-// them, and they pay (storeRoutinePays): the same work in the same order,
+// them, and they pay (routinesPay): the same work in the same order,
 // parsed once per connection and answered once, after COMMIT (the
 // migration says what that saves). Elsewhere the multi-statement queries
 // run as before, so a database migrated by an older build, an account
@@ -29,10 +29,9 @@ const procRecheck = time.Minute
 type completeProc struct {
 	mu      sync.Mutex
 	usable  bool
-	stores  bool      // the store's routine pays here too (storeRoutinePays)
 	checked time.Time // zero: never
 	looking bool      // a completion is looking now
-	told    bool      // the log said the store's routine does not pay here
+	told    bool      // the log said the routines do not pay here
 	logger  zerolog.Logger
 	off     bool // tests: never use it
 }
@@ -44,19 +43,9 @@ type completeProc struct {
 // while completions hold all of them: seen at 300 at once); the others
 // send the query meanwhile.
 func (p *completeProc) use(ctx context.Context, conn *sql.Conn) bool {
-	return p.useFor(ctx, conn, false)
-}
-
-// useStore is use for a predicted store: its routine also has to pay on
-// this server (storeRoutinePays).
-func (p *completeProc) useStore(ctx context.Context, conn *sql.Conn) bool {
-	return p.useFor(ctx, conn, true)
-}
-
-func (p *completeProc) useFor(ctx context.Context, conn *sql.Conn, store bool) bool {
 	p.mu.Lock()
 	if p.off || p.usable || p.looking || (!p.checked.IsZero() && time.Since(p.checked) < procRecheck) {
-		usable := p.usable && !p.off && (!store || p.stores)
+		usable := p.usable && !p.off
 		p.mu.Unlock()
 		return usable
 	}
@@ -70,14 +59,18 @@ func (p *completeProc) useFor(ctx context.Context, conn *sql.Conn, store bool) b
 	if err == nil {
 		err = conn.QueryRowContext(ctx, qServerLogBin).Scan(&logBin, &version)
 	}
+	pays := routinesPay(version, logBin)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.looking = false
-	p.usable, p.checked = err == nil && n == 4, time.Now()
-	p.stores = storeRoutinePays(version, logBin)
-	if p.usable && !p.stores && !p.told {
+	p.usable, p.checked = err == nil && n == 4 && pays, time.Now()
+	if err == nil && n == 4 && !pays {
+		if p.told {
+			return false
+		}
 		p.told = true
-		p.logger.Info().Str("routine", "stepcollect_store_predicted").Msg("results that leave a command outstanding send their statements, not the store's routine: on MariaDB with its binary log on, it costs the server more than it saves (completions still call theirs; docs/benchmarks.md)")
+		p.logger.Info().Str("routines", procName).Msg("results send their statements, not the routines: on MariaDB with its binary log on, the routines cost the server more than they save (docs/benchmarks.md)")
+		return false
 	}
 	if !p.usable {
 		ev := p.logger.Warn().Str("routines", procName)
@@ -86,19 +79,16 @@ func (p *completeProc) useFor(ctx context.Context, conn *sql.Conn, store bool) b
 		}
 		ev.Msg("completions go without their routines: one is missing (bin/migrate creates it again), not callable, or its parameters' character set or collation are not id_commands' columns'; every result is committed as before, at more CPU a result")
 	}
-	return p.usable && (!store || p.stores)
+	return p.usable
 }
 
-// storeRoutinePays says whether the store's routine saves CPU on a server
-// of this version with its binary log on or off, as measured
+// routinesPay says whether the routines save CPU on a server of this
+// version with its binary log on or off, as measured
 // (BenchmarkPredictedResults, docs/benchmarks.md): on MySQL 9.7 (binary
 // log on) and on MariaDB 10.11 without one, the client's and the server's
 // CPU a result fell; on MariaDB with its binary log on, whether or not the
-// session wrote to it, the server spent more on the routine's locking
-// read than the client saved. The completion's routine pays on all three:
-// there it cost the server no more than the statements, and the client
-// less.
-func storeRoutinePays(version string, logBin bool) bool {
+// session wrote to it, the server spent more than the client saved.
+func routinesPay(version string, logBin bool) bool {
 	return !(logBin && strings.Contains(version, "MariaDB"))
 }
 

@@ -4,9 +4,9 @@
 -- answered with a packet of its own, which the client wakes to read. A routine is parsed once per
 -- connection, and a CALL is answered once, after its COMMIT: the client's
 -- CPU a result a fifth to a half less, the server's up to a quarter, on
--- MySQL and on MariaDB without a binary log (on MariaDB with one the
--- store's routine costs the server more, and the storage does not call
--- that one there; BenchmarkPredictedResults, docs/benchmarks.md).
+-- MySQL and on MariaDB without a binary log (on MariaDB with one the server
+-- spends more, and the storage does not call them there;
+-- BenchmarkPredictedResults, docs/benchmarks.md).
 --
 -- It does what the query does, in the same order, and nothing else: the
 -- enrollment's predicted rows deleted by primary key, each only in its
