@@ -40,6 +40,10 @@ func NoProcedure(s *Storage) { s.proc.off = true }
 // committed as one CALL of their routine.
 func Calls(s *Storage) int64 { return s.hints.called.Load() }
 
+// SingleCalls says how many of Calls were completions sent as
+// stepcollect_complete_single (migration 13).
+func SingleCalls(s *Storage) int64 { return s.hints.calledSingle.Load() }
+
 // PredictedDelete is the delete a completion predicted to find own
 // outstanding and others stored sends first (onetrip.go), with its
 // arguments (the others' results hashed as empty).

@@ -217,7 +217,7 @@ func (f *faultConn) ExecContext(ctx context.Context, query string, args []driver
 	stmts, commits := strings.CutSuffix(query, "; COMMIT")
 	// The routines (procedure.go) begin, run and commit a transaction in
 	// one CALL.
-	called := strings.HasPrefix(query, "CALL stepcollect_complete_predicted(") || strings.HasPrefix(query, "CALL stepcollect_store_predicted(")
+	called := strings.HasPrefix(query, "CALL stepcollect_")
 	if !commits && !called {
 		return exec(ctx, query, args)
 	}
@@ -356,8 +356,9 @@ func (c *faultConnector) takeCommitFault() (func(), error) {
 // give), two round trips (OpenDB's pools, predictions off), and one round
 // trip where the storage predicts what it will find (onetrip.go: the
 // results of an enrollment of a fan-out whose commands it knows), sent as
-// the multi-statement query (the routine off) or, as it is where migration
-// 12 ran, as one CALL of its routine (procedure.go).
+// the multi-statement query (the routines off) or, as it is where
+// migrations 12 and 13 ran, as one CALL of a routine (procedure.go; a
+// one-command step's completion with its event calls migration 13's).
 type completionPath struct {
 	name                 string
 	multi, predict, call bool
@@ -371,10 +372,11 @@ var completionPaths = []completionPath{
 }
 
 // killBeforeRelease is the statement a completion on p releases its rows
-// with: the release or the predicted delete, or the routine's CALL.
+// with: the release or the predicted delete, or the CALL of either
+// completion's routine.
 func (p completionPath) killBeforeRelease() string {
 	if p.call {
-		return "CALL stepcollect_complete_predicted("
+		return "CALL stepcollect_complete_"
 	}
 	return "DELETE FROM id_commands WHERE"
 }

@@ -65,49 +65,57 @@ func Migrate(ctx context.Context, db *sql.DB) error {
 	return restoreRoutines(ctx, db, p)
 }
 
-// routineMigration is the migration that creates the routines results
-// are committed with (procedure.go).
-const (
-	routineMigration = "migrations/00012_complete_predicted_procedure.sql"
-	routineVersion   = 12
-)
+// routineMigrations are the migrations that create the routines results
+// are committed with (procedure.go), with their versions and how many
+// routines each creates.
+var routineMigrations = []struct {
+	path     string
+	version  int64
+	routines int
+}{
+	{"migrations/00012_complete_predicted_procedure.sql", 12, 2},
+	{"migrations/00013_complete_single_procedure.sql", 13, 1},
+}
 
-// restoreRoutines creates the routines of migration 12 again where it ran
-// but a routine is gone: a dump taken without routines (mysqldump without
-// --routines) and restored, or a DROP by hand. goose records a migration
-// once, so without this nothing would bring them back, and results would
-// go on without them.
+// restoreRoutines creates a routine of migration 12 or 13 again where the
+// migration ran but the routine is gone: a dump taken without routines
+// (mysqldump without --routines) and restored, or a DROP by hand. goose
+// records a migration once, so without this nothing would bring them
+// back, and results would go on without them.
 func restoreRoutines(ctx context.Context, db *sql.DB, p *goose.Provider) error {
 	v, err := p.GetDBVersion(ctx)
 	if err != nil {
 		return fmt.Errorf("migrate: schema version: %w", err)
 	}
-	if v < routineVersion {
-		return nil // not migrated this far: nothing to restore
-	}
-	creates, err := routineCreates()
-	if err != nil {
-		return fmt.Errorf("migrate: %w", err)
-	}
-	for name, create := range creates {
-		var n int
-		if err := db.QueryRowContext(ctx, qRoutineExists, name).Scan(&n); err != nil {
-			return fmt.Errorf("migrate: looking for routine %s: %w", name, err)
+	for _, m := range routineMigrations {
+		if v < m.version {
+			continue // not migrated this far: nothing to restore
 		}
-		if n > 0 {
-			continue
+		creates, err := routineCreates(m.path, m.routines)
+		if err != nil {
+			return fmt.Errorf("migrate: %w", err)
 		}
-		if _, err := db.ExecContext(ctx, create); err != nil {
-			return fmt.Errorf("migrate: creating routine %s again: %w", name, err)
+		for name, create := range creates {
+			var n int
+			if err := db.QueryRowContext(ctx, qRoutineExists, name).Scan(&n); err != nil {
+				return fmt.Errorf("migrate: looking for routine %s: %w", name, err)
+			}
+			if n > 0 {
+				continue
+			}
+			if _, err := db.ExecContext(ctx, create); err != nil {
+				return fmt.Errorf("migrate: creating routine %s again: %w", name, err)
+			}
 		}
 	}
 	return nil
 }
 
-// routineCreates is migration 12's CREATE PROCEDURE statements, each
-// between goose's StatementBegin and StatementEnd, by routine name.
-func routineCreates() (map[string]string, error) {
-	b, err := migrationFiles.ReadFile(routineMigration)
+// routineCreates is the CREATE PROCEDURE statements of the migration at
+// path, each between goose's StatementBegin and StatementEnd, by routine
+// name; want is how many it has.
+func routineCreates(path string, want int) (map[string]string, error) {
+	b, err := migrationFiles.ReadFile(path)
 	if err != nil {
 		return nil, err
 	}
@@ -120,14 +128,14 @@ func routineCreates() (map[string]string, error) {
 		}
 		create, tail, ok := strings.Cut(after, "-- +goose StatementEnd")
 		if !ok {
-			return nil, fmt.Errorf("%s: a StatementBegin without its StatementEnd", routineMigration)
+			return nil, fmt.Errorf("%s: a StatementBegin without its StatementEnd", path)
 		}
 		name, _, _ := strings.Cut(strings.TrimPrefix(create, "CREATE PROCEDURE "), "(")
 		out[name] = create
 		rest = tail
 	}
-	if len(out) != 2 {
-		return nil, fmt.Errorf("%s: %d routines, want 2", routineMigration, len(out))
+	if len(out) != want {
+		return nil, fmt.Errorf("%s: %d routines, want %d", path, len(out), want)
 	}
 	return out, nil
 }

@@ -124,9 +124,10 @@ type hints struct {
 	off         bool // no predictions (tests)
 
 	// what the predictions did, for tests and the bench's explanation
-	committed atomic.Int64 // completions sent in one round trip and committed
-	called    atomic.Int64 // completions and stores sent as a CALL and committed (procedure.go)
-	refused   atomic.Int64 // the guard refused: two round trips
+	committed    atomic.Int64 // completions sent in one round trip and committed
+	called       atomic.Int64 // completions and stores sent as a CALL and committed (procedure.go)
+	calledSingle atomic.Int64 // the completions among them sent as stepcollect_complete_single
+	refused      atomic.Int64 // the guard refused: two round trips
 	// the same of results predicted to leave a command outstanding
 	storesCommitted atomic.Int64
 	storesRefused   atomic.Int64
@@ -316,8 +317,10 @@ func (c *completion) oneTrip(ctx context.Context, ct *connTx, a *attempt, p *pre
 	called := false
 	var call string
 	var cargs []any
-	if !ct.begun && c.s.proc.use(ctx, ct.conn) {
-		call, cargs, called = completeCall(c.id, p, ct)
+	if !ct.begun {
+		if r := c.s.proc.use(ctx, ct.conn); r.all || r.single {
+			call, cargs, called = completeCall(c.id, p, ct, r)
+		}
 	}
 	if called {
 		// The routine starts the transaction: from here the session may
@@ -345,6 +348,9 @@ func (c *completion) oneTrip(ctx context.Context, ct *connTx, a *attempt, p *pre
 		c.s.hints.committed.Add(1)
 		if called {
 			c.s.hints.called.Add(1)
+			if q == qCallCompleteSingle {
+				c.s.hints.calledSingle.Add(1)
+			}
 		}
 		return true, nil
 	case called && (no == erSPDoesNotExist || no == erProcAccessDenied || no == erSPWrongArgs):
@@ -384,7 +390,7 @@ func (c *completion) oneTripStore(ctx context.Context, ct *connTx, a *attempt, p
 	var q string
 	var args []any
 	called := false
-	if !ct.begun && c.s.proc.use(ctx, ct.conn) {
+	if !ct.begun && c.s.proc.use(ctx, ct.conn).all {
 		// the routine starts the transaction (see oneTrip)
 		q, args = storeCall(c.id, c.sc, p)
 		called, ct.begun = true, true

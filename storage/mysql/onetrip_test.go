@@ -196,6 +196,58 @@ func aStalePredictionIsRefused(t *testing.T, call bool) *bundle {
 	return a
 }
 
+// The completion of a one-command step predicts the enrollment's only row
+// outstanding (stepcollect_complete_single where called): a row another
+// replica took away (a cancel, or the same result it completed first)
+// refuses it, and neither commits an event.
+func TestAStaleSinglePredictionIsRefused(t *testing.T) {
+	t.Parallel()
+	onBothOneTripForms(t, aStaleSinglePredictionIsRefused)
+}
+
+func aStaleSinglePredictionIsRefused(t *testing.T, call bool) *bundle {
+	a, b := twoReplicas(t)
+	if !call {
+		stepmysql.NoProcedure(a.store)
+	}
+	ctx := t.Context()
+	step := a.storedOn(t, completionPaths[2], "stalesingle", 3, 1)
+	_, refused0 := stepmysql.OneTrips(a.store)
+
+	// enrollment 0: b cancels it
+	if err := b.store.CancelSteps(ctx, step.IDs[0], ""); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := a.answer(ctx, step, 0, 0); r != nil || !errors.Is(err, storage.ErrUnknownCommand) {
+		t.Fatalf("completing a cancelled enrollment: %+v, %v; want no step and the command unknown", r, err)
+	}
+	// enrollment 1: b completes it, and a gets the same result again
+	if r, err := b.answer(ctx, step, 1, 0); err != nil || r == nil {
+		t.Fatalf("completing %s on the other replica: %+v, %v", step.IDs[1], r, err)
+	}
+	if r, err := a.answer(ctx, step, 1, 0); r != nil || !errors.Is(err, storage.ErrUnknownCommand) {
+		t.Fatalf("the same result again after its step completed: %+v, %v; want no step and the command unknown", r, err)
+	}
+	// enrollment 2: as predicted
+	if r, err := a.answer(ctx, step, 2, 0); err != nil || r == nil {
+		t.Fatalf("completing %s: %+v, %v", step.IDs[2], r, err)
+	}
+	if _, refused := stepmysql.OneTrips(a.store); refused-refused0 != 2 {
+		t.Errorf("%d predictions refused, want 2", refused-refused0)
+	}
+	if call && stepmysql.SingleCalls(a.store) != 1 {
+		t.Errorf("%d completions committed as stepcollect_complete_single, want enrollment %s's", stepmysql.SingleCalls(a.store), step.IDs[2])
+	}
+	events := outboxEvents(t, a)
+	if _, ok := events[step.IDs[0]]; ok || len(events) != 2 {
+		t.Errorf("events for %v, want enrollments %s's and %s's alone", keys(events), step.IDs[1], step.IDs[2])
+	}
+	if n := testkit.Count(t, a.db.DB, `SELECT COUNT(*) FROM stepcollect_outbox WHERE enrollment_id = ?`, step.IDs[1]); n != 1 {
+		t.Errorf("%d events for %s, completed once", n, step.IDs[1])
+	}
+	return a
+}
+
 // The predicted delete finds its rows by their primary keys, the
 // reporting enrollment's own, and not through the step_id index every
 // enrollment of the fan-out shares (which would lock other enrollments'

@@ -14,10 +14,10 @@ import (
 )
 
 // A predicted completion, or a predicted store (onetrip.go), is one CALL of
-// a routine migration 12 creates, where the database has them, may run
-// them, and they pay (routinesPay): the same work in the same order,
+// a routine migration 12 or 13 creates, where the database has them, may
+// run them, and they pay (routinesPay): the same work in the same order,
 // parsed once per connection and answered once, after COMMIT (the
-// migration says what that saves). Elsewhere the multi-statement queries
+// migrations say what that saves). Elsewhere the multi-statement queries
 // run as before, so a database migrated by an older build, an account
 // without EXECUTE, or id_commands columns whose character set the
 // routines' parameters do not share costs speed, never a result.
@@ -28,32 +28,45 @@ const procRecheck = time.Minute
 
 type completeProc struct {
 	mu      sync.Mutex
-	usable  bool
+	usable  routines
 	checked time.Time // zero: never
 	looking bool      // a completion is looking now
-	told    bool      // the log said the routines do not pay here
+	told    bool      // the log said migration 12's routines do not pay here
 	logger  zerolog.Logger
-	off     bool // tests: never use it
+	off     bool // tests: never use them
 }
 
-// use says whether a completion may CALL the routine now, looking it up
-// (a non-locking read of information_schema) at first use and, while it is
-// unusable, once per procRecheck. One completion looks, on its own
-// connection before its transaction (a second one from the pool would wait
-// while completions hold all of them: seen at 300 at once); the others
-// send the query meanwhile.
-func (p *completeProc) use(ctx context.Context, conn *sql.Conn) bool {
+// routines says which routines a result may CALL.
+type routines struct {
+	// all: migration 12's, stepcollect_complete_predicted for any
+	// completion and stepcollect_store_predicted for a store
+	all bool
+	// single: migration 13's stepcollect_complete_single, for a completion
+	// of the enrollment's only row of the step with its event
+	single bool
+}
+
+// use says which routines a completion or a store may CALL now, looking
+// them up (a non-locking read of information_schema) at first use and,
+// while none is usable, once per procRecheck. One completion looks, on its
+// own connection before its transaction (a second one from the pool would
+// wait while completions hold all of them: seen at 300 at once); the
+// others send the query meanwhile.
+func (p *completeProc) use(ctx context.Context, conn *sql.Conn) routines {
 	p.mu.Lock()
-	if p.off || p.usable || p.looking || (!p.checked.IsZero() && time.Since(p.checked) < procRecheck) {
-		usable := p.usable && !p.off
+	if p.off || p.usable.all || p.usable.single || p.looking || (!p.checked.IsZero() && time.Since(p.checked) < procRecheck) {
+		usable := p.usable
+		if p.off {
+			usable = routines{}
+		}
 		p.mu.Unlock()
 		return usable
 	}
 	// one completion looks; the others take the query meanwhile
 	p.looking = true
 	p.mu.Unlock()
-	var n int
-	err := conn.QueryRowContext(ctx, qCompleteProcFits).Scan(&n)
+	var all, single int
+	err := conn.QueryRowContext(ctx, qCompleteProcFits).Scan(&all, &single)
 	var logBin bool
 	var version string
 	if err == nil {
@@ -63,16 +76,14 @@ func (p *completeProc) use(ctx context.Context, conn *sql.Conn) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.looking = false
-	p.usable, p.checked = err == nil && n == 4 && pays, time.Now()
-	if err == nil && n == 4 && !pays {
-		if p.told {
-			return false
-		}
+	p.usable = routines{all: err == nil && all == 4 && pays, single: err == nil && single == 2}
+	p.checked = time.Now()
+	if err == nil && all == 4 && !pays && !p.told {
 		p.told = true
-		p.logger.Info().Str("routines", procName).Msg("results send their statements, not the routines: on MariaDB with its binary log on, the routines cost the server more than they save (docs/benchmarks.md)")
-		return false
+		p.logger.Info().Str("routines", "stepcollect_complete_predicted, stepcollect_store_predicted").
+			Msg("results of steps of more than one command send their statements, not migration 12's routines: on MariaDB with its binary log on, those cost the server more than they save; a step's only command still completes with stepcollect_complete_single (docs/benchmarks.md)")
 	}
-	if !p.usable {
+	if err != nil || all != 4 || single != 2 {
 		ev := p.logger.Warn().Str("routines", procName)
 		if err != nil {
 			ev = ev.Err(err)
@@ -82,12 +93,14 @@ func (p *completeProc) use(ctx context.Context, conn *sql.Conn) bool {
 	return p.usable
 }
 
-// routinesPay says whether the routines save CPU on a server of this
-// version with its binary log on or off, as measured
+// routinesPay says whether migration 12's routines save CPU on a server of
+// this version with its binary log on or off, as measured
 // (BenchmarkPredictedResults, docs/benchmarks.md): on MySQL 9.7 (binary
 // log on) and on MariaDB 10.11 without one, the client's and the server's
 // CPU a result fell; on MariaDB with its binary log on, whether or not the
 // session wrote to it, the server spent more than the client saved.
+// Migration 13's routine, four statements without the others' loop, pays
+// there too.
 func routinesPay(version string, logBin bool) bool {
 	return !(logBin && strings.Contains(version, "MariaDB"))
 }
@@ -96,13 +109,13 @@ func routinesPay(version string, logBin bool) bool {
 // or no right to run it): the query serves until the next look.
 func (p *completeProc) failed(err error) {
 	p.mu.Lock()
-	p.usable, p.checked = false, time.Now()
+	p.usable, p.checked = routines{}, time.Now()
 	p.mu.Unlock()
 	p.logger.Warn().Str("routines", procName).Err(err).Msg("completions go without their routines until they are looked for again in a minute: every result is committed as before, at more CPU a result")
 }
 
-// procName names the routines (migration 12), for the log.
-const procName = "stepcollect_complete_predicted, stepcollect_store_predicted"
+// procName names the routines (migrations 12 and 13), for the log.
+const procName = "stepcollect_complete_predicted, stepcollect_store_predicted, stepcollect_complete_single"
 
 // Errors a CALL of the routine returns without having run any of it.
 const (
@@ -115,10 +128,12 @@ const (
 // (SIGNAL SQLSTATE '45000').
 const erGuardRefusedSignal = 1644
 
-// completeCall is the CALL of the routine for p, with the evidence a
-// completion queued on ct (an outbox INSERT, a receipt INSERT, both or
-// neither); ok false for anything else queued.
-func completeCall(id string, p *prediction, ct *connTx) (q string, args []any, ok bool) {
+// completeCall is the CALL of a routine r allows for p, with the evidence
+// a completion queued on ct (an outbox INSERT, a receipt INSERT, both or
+// neither); ok false for anything else queued, or where r allows none:
+// stepcollect_complete_single for the enrollment's only row of the step
+// with its event alone, stepcollect_complete_predicted for any.
+func completeCall(id string, p *prediction, ct *connTx, r routines) (q string, args []any, ok bool) {
 	var eventID, eventType, payload any
 	receipt := false
 	rest := ct.args
@@ -135,7 +150,12 @@ func completeCall(id string, p *prediction, ct *connTx) (q string, args []any, o
 			return "", nil, false
 		}
 	}
-	if len(rest) != 0 {
+	switch {
+	case len(rest) != 0:
+		return "", nil, false
+	case r.single && len(p.others) == 0 && eventID != nil && !receipt:
+		return qCallCompleteSingle, []any{id, p.own.commandUUID, p.stepID, eventID, eventType, payload}, true
+	case !r.all:
 		return "", nil, false
 	}
 	var others strings.Builder

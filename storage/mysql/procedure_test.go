@@ -18,17 +18,27 @@ import (
 // The routines go by primary key, the reporting enrollment's own rows:
 // with every other enrollment's rows of the step locked by another
 // transaction, each row and its step_id index entry (the next
-// enrollment's too), a predicted store and then a
-// predicted completion of a two-command step still commit, each one CALL,
-// at once. A statement that went through the step_id index, or a
-// parameter converted to another character set (which keeps the primary
-// key from serving), would wait for those locks until its context ended.
+// enrollment's too), a predicted store and then a predicted completion of
+// a two-command step (migration 12's routines), and the completion of a
+// one-command step (migration 13's), still commit, each one CALL, at once.
+// A statement that went through the step_id index, or a parameter
+// converted to another character set (which keeps the primary key from
+// serving), would wait for those locks until its context ended.
 func TestTheRoutinesLockOnlyTheReportingEnrollmentsRows(t *testing.T) {
 	t.Parallel()
+	for _, cmds := range []int{1, 2} {
+		t.Run(fmt.Sprintf("%d-commands", cmds), func(t *testing.T) {
+			t.Parallel()
+			lockOnlyOwnRows(t, cmds)
+		})
+	}
+}
+
+func lockOnlyOwnRows(t *testing.T, cmds int) {
 	b := setup(t, &setupOpts{extra: []stepmysql.Option{stepmysql.WithOutbox()}})
 	ctx := t.Context()
 	const n = 40
-	step := b.storedOn(t, completionPaths[3], "ownrows", n, 2)
+	step := b.storedOn(t, completionPaths[3], fmt.Sprintf("ownrows%d", cmds), n, cmds)
 	const me = 17
 
 	holder, err := b.db.DB.Conn(ctx)
@@ -56,33 +66,42 @@ func TestTheRoutinesLockOnlyTheReportingEnrollmentsRows(t *testing.T) {
 		}
 	}
 
-	calls := stepmysql.Calls(b.store)
+	calls, singles := stepmysql.Calls(b.store), stepmysql.SingleCalls(b.store)
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	began := time.Now()
-	if r, err := b.answer(cctx, step, me, 0); err != nil || r != nil {
-		t.Fatalf("storing %s's first result with the other %d rows of the step locked elsewhere: %+v, %v (after %v)", step.IDs[me], locked, r, err, time.Since(began))
+	for c := range cmds - 1 {
+		if r, err := b.answer(cctx, step, me, c); err != nil || r != nil {
+			t.Fatalf("storing %s's result %d with the other %d rows of the step locked elsewhere: %+v, %v (after %v)", step.IDs[me], c, locked, r, err, time.Since(began))
+		}
 	}
-	r, err := b.answer(cctx, step, me, 1)
+	r, err := b.answer(cctx, step, me, cmds-1)
 	if err != nil || r == nil {
 		t.Fatalf("completing %s with the other %d rows of the step locked elsewhere: %+v, %v (after %v)", step.IDs[me], locked, r, err, time.Since(began))
 	}
-	if got := stepmysql.Calls(b.store) - calls; got != 2 {
-		t.Errorf("%d results sent as a CALL, want both", got)
+	if got := stepmysql.Calls(b.store) - calls; got != int64(cmds) {
+		t.Errorf("%d results sent as a CALL, want all %d", got, cmds)
+	}
+	wantSingle := int64(0)
+	if cmds == 1 {
+		wantSingle = 1
+	}
+	if got := stepmysql.SingleCalls(b.store) - singles; got != wantSingle {
+		t.Errorf("%d completions sent as stepcollect_complete_single, want %d", got, wantSingle)
 	}
 	if n := b.enrollmentRows(t, step.IDs[me]); n != 0 {
 		t.Errorf("%s holds %d rows after its completion", step.IDs[me], n)
 	}
-	if len(r.Commands) != 2 {
-		t.Errorf("the completed step carries %d commands, want 2", len(r.Commands))
+	if len(r.Commands) != cmds {
+		t.Errorf("the completed step carries %d commands, want %d", len(r.Commands), cmds)
 	}
 }
 
 // A database the routine is not in (migrated by an older build, or
 // dropped from under a running process) costs speed, not a result: the
-// first completion that meets the missing routine runs again on the
-// two-round-trip path, the ones after it send the query, and every one
-// commits with its event.
+// first completion that meets the missing routine (a one-command step's
+// completion calls migration 13's) runs again on the two-round-trip path,
+// the ones after it send the query, and every one commits with its event.
 func TestCompletionsGoOnWithoutTheRoutine(t *testing.T) {
 	t.Parallel()
 	b := setup(t, &setupOpts{extra: []stepmysql.Option{stepmysql.WithOutbox()}})
@@ -96,7 +115,10 @@ func TestCompletionsGoOnWithoutTheRoutine(t *testing.T) {
 	if calls == 0 {
 		t.Fatal("no completion was sent as a CALL while the routine was there")
 	}
-	if _, err := b.db.Exec(`DROP PROCEDURE stepcollect_complete_predicted`); err != nil {
+	if stepmysql.SingleCalls(b.store) != calls {
+		t.Fatalf("%d of %d completions of a one-command step sent as stepcollect_complete_single", stepmysql.SingleCalls(b.store), calls)
+	}
+	if _, err := b.db.Exec(`DROP PROCEDURE stepcollect_complete_single`); err != nil {
 		t.Fatal(err)
 	}
 	committed, _ := stepmysql.OneTrips(b.store)
@@ -129,16 +151,20 @@ func TestARoutineInAnotherCharacterSetIsNotCalled(t *testing.T) {
 	db := testkit.NewDB(t, nil)
 	opts := &setupOpts{db: db, extra: []stepmysql.Option{stepmysql.WithOutbox()}}
 	b := setup(t, opts)
-	if _, err := db.Exec(`DROP PROCEDURE stepcollect_complete_predicted`); err != nil {
-		t.Fatal(err)
-	}
-	// the same signature, its text parameters in latin1; never to run
-	if _, err := db.Exec(`CREATE PROCEDURE stepcollect_complete_predicted(
-    IN p_enrollment VARCHAR(255) CHARACTER SET latin1, IN p_command VARCHAR(127) CHARACTER SET latin1,
-    IN p_step BIGINT, IN p_others MEDIUMTEXT, IN p_others_n INT, IN p_event_id VARCHAR(64),
-    IN p_event_type VARCHAR(32), IN p_payload LONGBLOB, IN p_receipt BOOLEAN)
+	// the same signatures, their text parameters in latin1; never to run
+	for name, params := range map[string]string{
+		"stepcollect_complete_predicted": `IN p_step BIGINT, IN p_others MEDIUMTEXT, IN p_others_n INT, IN p_event_id VARCHAR(64),
+    IN p_event_type VARCHAR(32), IN p_payload LONGBLOB, IN p_receipt BOOLEAN`,
+		"stepcollect_complete_single": `IN p_step BIGINT, IN p_event_id VARCHAR(64), IN p_event_type VARCHAR(32), IN p_payload LONGBLOB`,
+	} {
+		if _, err := db.Exec(`DROP PROCEDURE ` + name); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := db.Exec(`CREATE PROCEDURE ` + name + `(
+    IN p_enrollment VARCHAR(255) CHARACTER SET latin1, IN p_command VARCHAR(127) CHARACTER SET latin1, ` + params + `)
     SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'called'`); err != nil {
-		t.Fatal(err)
+			t.Fatal(err)
+		}
 	}
 	answeredWithoutACall(t, b, "latin1", 1)
 }
@@ -166,10 +192,12 @@ func answeredWithoutACall(t *testing.T, b *bundle, prefix string, cmds int) {
 	}
 }
 
-// On MariaDB with its binary log on, the routines cost the server more
-// than they save the client (docs/benchmarks.md): the storage does not
-// call them there, and every result commits with the statements.
-func TestTheRoutinesAreNotCalledOnMariaDBWithItsBinaryLog(t *testing.T) {
+// On MariaDB with its binary log on, migration 12's routines cost the
+// server more than they save the client, migration 13's does not
+// (docs/benchmarks.md): there the results of a two-command step send their
+// statements, and a one-command step's completion calls
+// stepcollect_complete_single.
+func TestOnMariaDBWithItsBinaryLogOnlySingleCompletionsCall(t *testing.T) {
 	t.Parallel()
 	srv, err := testha.RunMariaDB(testha.MariaDBConfig{LogBin: true})
 	if err != nil {
@@ -179,6 +207,21 @@ func TestTheRoutinesAreNotCalledOnMariaDBWithItsBinaryLog(t *testing.T) {
 	db := testkit.NewDB(t, &testkit.DBOptions{Server: srv.DSN()})
 	b := setup(t, &setupOpts{db: db, extra: []stepmysql.Option{stepmysql.WithOutbox()}})
 	answeredWithoutACall(t, b, "logbin", 2)
+
+	const n = 4
+	step := b.storedOn(t, completionPaths[3], "logbinsingle", n, 1)
+	calls, singles := stepmysql.Calls(b.store), stepmysql.SingleCalls(b.store)
+	for i := range n {
+		if r, err := b.answer(t.Context(), step, i, 0); err != nil || r == nil {
+			t.Fatalf("completing %s: %+v, %v", step.IDs[i], r, err)
+		}
+	}
+	if got := stepmysql.SingleCalls(b.store) - singles; got != n {
+		t.Errorf("%d of %d completions of a one-command step sent as stepcollect_complete_single", got, n)
+	}
+	if got := stepmysql.Calls(b.store) - calls; got != n {
+		t.Errorf("%d results sent as a CALL, want the %d completions", got, n)
+	}
 }
 
 // A database restored from a dump taken without its routines has the
@@ -188,20 +231,20 @@ func TestMigrateCreatesTheRoutineAgain(t *testing.T) {
 	t.Parallel()
 	db := testkit.NewDB(t, nil)
 	routines := func() int {
-		return testkit.Count(t, db.DB, `SELECT COUNT(*) FROM information_schema.ROUTINES WHERE ROUTINE_SCHEMA = DATABASE() AND ROUTINE_NAME IN ('stepcollect_complete_predicted', 'stepcollect_store_predicted')`)
+		return testkit.Count(t, db.DB, `SELECT COUNT(*) FROM information_schema.ROUTINES WHERE ROUTINE_SCHEMA = DATABASE() AND ROUTINE_NAME IN ('stepcollect_complete_predicted', 'stepcollect_store_predicted', 'stepcollect_complete_single')`)
 	}
-	if n := routines(); n != 2 {
-		t.Fatalf("%d routines after migrating, want 2", n)
+	if n := routines(); n != 3 {
+		t.Fatalf("%d routines after migrating, want 3", n)
 	}
-	for _, drop := range []string{"stepcollect_complete_predicted", "stepcollect_store_predicted"} {
+	for _, drop := range []string{"stepcollect_complete_predicted", "stepcollect_store_predicted", "stepcollect_complete_single"} {
 		if _, err := db.Exec(`DROP PROCEDURE ` + drop); err != nil {
 			t.Fatal(err)
 		}
 		if err := stepmysql.Migrate(t.Context(), db.DB); err != nil {
 			t.Fatalf("migrating again without %s: %v", drop, err)
 		}
-		if n := routines(); n != 2 {
-			t.Fatalf("%d routines after migrating again without %s, want 2", n, drop)
+		if n := routines(); n != 3 {
+			t.Fatalf("%d routines after migrating again without %s, want 3", n, drop)
 		}
 	}
 	b := setup(t, &setupOpts{db: db, extra: []stepmysql.Option{stepmysql.WithOutbox()}})
@@ -217,6 +260,16 @@ func TestMigrateCreatesTheRoutineAgain(t *testing.T) {
 	}
 	if n := stepmysql.Calls(b.store) - calls; n != 4 {
 		t.Errorf("%d results called the routines migrate created again, want all 4", n)
+	}
+	single := b.storedOn(t, completionPaths[3], "restoredsingle", 2, 1)
+	singles := stepmysql.SingleCalls(b.store)
+	for i := range 2 {
+		if r, err := b.answer(t.Context(), single, i, 0); err != nil || r == nil {
+			t.Fatalf("completing %s: %+v, %v", single.IDs[i], r, err)
+		}
+	}
+	if n := stepmysql.SingleCalls(b.store) - singles; n != 2 {
+		t.Errorf("%d one-command completions called stepcollect_complete_single after migrate created it again, want both", n)
 	}
 }
 

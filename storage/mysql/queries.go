@@ -112,6 +112,10 @@ VALUES (IF(ROW_COUNT() = ?, ?, NULL), ?, ?, ?, ?)`
 	// reported command, the step, its result, then the rows predicted
 	// outstanding (the reported one among them) and how many.
 	qCallStorePredicted = `CALL stepcollect_store_predicted(?, ?, ?, ?, ?, ?)`
+	// A completion of the enrollment's only row of the step, with its
+	// event, as one CALL of migration 13's routine: the enrollment, the
+	// reported command, the step, then the event.
+	qCallCompleteSingle = `CALL stepcollect_complete_single(?, ?, ?, ?, ?, ?)`
 	// The server's binary log and version: whether the routines pay
 	// (procedure.go).
 	qServerLogBin = `SELECT @@log_bin, VERSION()`
@@ -119,16 +123,19 @@ VALUES (IF(ROW_COUNT() = ?, ?, NULL), ?, ?, ?, ?)`
 	qRoutineExists = `
 SELECT COUNT(*) FROM information_schema.ROUTINES
 WHERE ROUTINE_SCHEMA = DATABASE() AND ROUTINE_NAME = ? AND ROUTINE_TYPE = 'PROCEDURE'`
-	// Whether both are there and their enrollment and command parameters
-	// have the character set and collation of id_commands' columns: 4 when
-	// all do. Non-locking.
+	// Whether the routines are there and their enrollment and command
+	// parameters have the character set and collation of id_commands'
+	// columns: 4 when both of migration 12's do, and 2 when migration 13's
+	// does. Non-locking.
 	qCompleteProcFits = `
-SELECT COUNT(*) FROM information_schema.PARAMETERS p
+SELECT COALESCE(SUM(p.SPECIFIC_NAME <> 'stepcollect_complete_single'), 0),
+  COALESCE(SUM(p.SPECIFIC_NAME = 'stepcollect_complete_single'), 0)
+FROM information_schema.PARAMETERS p
 JOIN information_schema.COLUMNS c
   ON c.TABLE_SCHEMA = p.SPECIFIC_SCHEMA AND c.TABLE_NAME = 'id_commands'
   AND c.COLUMN_NAME = IF(p.PARAMETER_NAME = 'p_enrollment', 'enrollment_id', 'command_uuid')
 WHERE p.SPECIFIC_SCHEMA = DATABASE() AND p.ROUTINE_TYPE = 'PROCEDURE'
-  AND p.SPECIFIC_NAME IN ('stepcollect_complete_predicted', 'stepcollect_store_predicted')
+  AND p.SPECIFIC_NAME IN ('stepcollect_complete_predicted', 'stepcollect_store_predicted', 'stepcollect_complete_single')
   AND p.PARAMETER_NAME IN ('p_enrollment', 'p_command')
   AND p.CHARACTER_SET_NAME = c.CHARACTER_SET_NAME AND p.COLLATION_NAME = c.COLLATION_NAME`
 
