@@ -286,23 +286,7 @@ func commandUUID(i int, control bool) string {
 // from to from+n-1: one step to all of them, or (control) a step each,
 // conc requests at a time.
 func (e *svcEnv) createSteps(from, n int, control bool, conc int) error {
-	post := func(ids []string, uuid string) error {
-		body, _ := json.Marshal(map[string]any{"workflow_name": "io.stepcollect.bench", "instance_id": uuid, "ids": ids,
-			"commands": []map[string]string{{"command_uuid": uuid, "request_type": "DeviceInformation"}}})
-		req, _ := http.NewRequest("POST", e.apiURL+"/v1/steps", bytes.NewReader(body))
-		req.Header.Set("Authorization", "Bearer "+benchAPIKey)
-		resp, err := e.client.Do(req)
-		if err != nil {
-			return err
-		}
-		defer resp.Body.Close()
-		if resp.StatusCode != http.StatusCreated {
-			b, _ := io.ReadAll(resp.Body)
-			return fmt.Errorf("enqueue: %s %s", resp.Status, b)
-		}
-		io.Copy(io.Discard, resp.Body)
-		return nil
-	}
+	post := e.postStep
 	if !control {
 		ids := make([]string, n)
 		for i := range ids {
@@ -338,11 +322,40 @@ func (e *svcEnv) createSteps(from, n int, control bool, conc int) error {
 	return first
 }
 
+// postStep enqueues a step of one command, uuid, to ids through the api.
+func (e *svcEnv) postStep(ids []string, uuid string) error {
+	body, _ := json.Marshal(map[string]any{"workflow_name": "io.stepcollect.bench", "instance_id": uuid, "ids": ids,
+		"commands": []map[string]string{{"command_uuid": uuid, "request_type": "DeviceInformation"}}})
+	req, _ := http.NewRequest("POST", e.apiURL+"/v1/steps", bytes.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+benchAPIKey)
+	resp, err := e.client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated {
+		b, _ := io.ReadAll(resp.Body)
+		return fmt.Errorf("enqueue: %s %s", resp.Status, b)
+	}
+	io.Copy(io.Discard, resp.Body)
+	return nil
+}
+
+// The service row's warm-up (svcEnv.warmUp): a step of its own.
+const warmCommandUUID = "SVC-WARM-UUID"
+
+func warmEnrollment(i int) string { return fmt.Sprintf("SVC-WARM-%07d", i) }
+
 // webhookBody is NanoMDM's webhook for enrollment i's answer.
 func webhookBody(i int, control bool) []byte {
-	id, uuid := enrollment(i), commandUUID(i, control)
+	return answerBody(enrollment(i), commandUUID(i, control), "bench-"+strconv.Itoa(i))
+}
+
+// answerBody is NanoMDM's webhook for enrollment id's answer to command
+// uuid, under NanoMDM's event id eventID.
+func answerBody(id, uuid, eventID string) []byte {
 	raw := base64.StdEncoding.EncodeToString(fmt.Appendf(nil, `<?xml version="1.0" encoding="UTF-8"?><plist version="1.0"><dict><key>CommandUUID</key><string>%s</string><key>Status</key><string>Acknowledged</string><key>UDID</key><string>%s</string></dict></plist>`, uuid, id))
-	return fmt.Appendf(nil, `{"topic":"mdm.Connect","event_id":"bench-%d","created_at":"2026-11-29T00:00:00Z","acknowledge_event":{"udid":%q,"status":"Acknowledged","command_uuid":%q,"raw_payload":%q}}`, i, id, uuid, raw)
+	return fmt.Appendf(nil, `{"topic":"mdm.Connect","event_id":%q,"created_at":"2026-11-29T00:00:00Z","acknowledge_event":{"udid":%q,"status":"Acknowledged","command_uuid":%q,"raw_payload":%q}}`, eventID, id, uuid, raw)
 }
 
 // webhook posts one webhook body; the error class is empty on a 200.

@@ -76,7 +76,10 @@ func report(results []*fanout.Result, side sideRuns, version string, mysqlSrv, g
 		"the least any design can cost. The service is the real `cmd/api` taking NanoMDM webhook requests over HTTP " +
 		"(at most pool requests in flight) with the real `cmd/worker` collecting (its sweeper off: `-sweep-interval 0`) and " +
 		"delivering `step.completed` events to a receiver in the bench process (`-callback-url`), which answers 200 at once and " +
-		"records when each `event_id` first arrived. **lag** is the worker's `stepcollect_collection_lag_seconds` (from the commit " +
+		"records when each `event_id` first arrived. The service starts warm, as every pool does: a fan-out of its own (as many " +
+		"enrollments as the pool, at least 256, at most N) answered, delivered and collected before the measured one, so that the " +
+		"api's connections to the database and the worker's to the receiver are open; the events, lag and steps collected are the " +
+		"measured fan-out's alone. **lag** is the worker's `stepcollect_collection_lag_seconds` (from the commit " +
 		"that released a step to its deletion; one observation in the one-step shape). **collected after last 200** is from the " +
 		"last webhook 200 to the steps table first seen empty (`SELECT EXISTS (SELECT 1 FROM steps)` every 10 ms on the bench's " +
 		"own connection); **delivered after last 200** is from the last webhook 200 to the arrival of the last of the N distinct " +
