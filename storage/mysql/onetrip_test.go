@@ -142,12 +142,8 @@ func onBothOneTripForms(t *testing.T, test func(t *testing.T, call bool) *bundle
 }
 
 func aStalePredictionIsRefused(t *testing.T, call bool) *bundle {
-	a, b := twoReplicas(t)
-	if !call {
-		stepmysql.NoProcedure(a.store)
-	}
+	a, b, step := staleReplicas(t, call, "stale", 2, 2)
 	ctx := t.Context()
-	step := a.storedOn(t, completionPaths[2], "stale", 2, 2)
 	warmCommitted, _ := stepmysql.OneTrips(a.store) // the warm-up's
 
 	// enrollment 0: a stores its first result, b stores it again, changed
@@ -206,12 +202,8 @@ func TestAStaleSinglePredictionIsRefused(t *testing.T) {
 }
 
 func aStaleSinglePredictionIsRefused(t *testing.T, call bool) *bundle {
-	a, b := twoReplicas(t)
-	if !call {
-		stepmysql.NoProcedure(a.store)
-	}
+	a, b, step := staleReplicas(t, call, "stalesingle", 3, 1)
 	ctx := t.Context()
-	step := a.storedOn(t, completionPaths[2], "stalesingle", 3, 1)
 	_, refused0 := stepmysql.OneTrips(a.store)
 
 	// enrollment 0: b cancels it
@@ -335,12 +327,8 @@ func TestAStaleStorePredictionIsRefusedAndLeavesNothing(t *testing.T) {
 }
 
 func aStaleStorePredictionIsRefused(t *testing.T, call bool) *bundle {
-	a, b := twoReplicas(t)
-	if !call {
-		stepmysql.NoProcedure(a.store)
-	}
+	a, b, step := staleReplicas(t, call, "stalestore", 2, 2)
 	ctx := t.Context()
-	step := a.storedOn(t, completionPaths[2], "stalestore", 2, 2)
 	stores0, refused0 := stepmysql.OneTripStores(a.store)
 
 	if _, err := b.answer(ctx, step, 0, 1); err != nil {
@@ -443,6 +431,19 @@ func checkAllResults(t *testing.T, id string, cs []nanostorage.StepCommandResult
 
 // twoReplicas are two storages with the outbox on one new database, as
 // two api replicas are: each with hints of its own.
+// staleReplicas is twoReplicas with a fan-out of n enrollments of cmds
+// commands stored on a, which knows its shape and so predicts (sending the
+// routines' CALLs when call); b, predicting nothing of it yet, is the
+// other replica that makes a's predictions stale.
+func staleReplicas(t *testing.T, call bool, prefix string, n, cmds int) (a, b *bundle, step *nanostorage.StepEnqueuingWithConfig) {
+	t.Helper()
+	a, b = twoReplicas(t)
+	if !call {
+		stepmysql.NoProcedure(a.store)
+	}
+	return a, b, a.storedOn(t, completionPaths[2], prefix, n, cmds)
+}
+
 func twoReplicas(t *testing.T) (a, b *bundle) {
 	t.Helper()
 	opts := &setupOpts{db: testkit.NewDB(t, nil), extra: []stepmysql.Option{stepmysql.WithOutbox()}}
