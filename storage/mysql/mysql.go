@@ -52,7 +52,7 @@ type Storage struct {
 	// completion predicts its rows and commits in one round trip
 	// (onetrip.go)
 	hints *hints
-	// proc: whether predicted completions CALL migration 12's routine
+	// proc: which routines (migrations 12 and 13) predicted results CALL
 	// (procedure.go)
 	proc     *completeProc
 	logger   zerolog.Logger
