@@ -29,6 +29,7 @@ const procRecheck = time.Minute
 type completeProc struct {
 	mu      sync.Mutex
 	usable  routines
+	settled bool      // every routine that pays here is usable: no need to look again
 	checked time.Time // zero: never
 	looking bool      // a completion is looking now
 	told    bool      // the log said migration 12's routines do not pay here
@@ -48,13 +49,13 @@ type routines struct {
 
 // use says which routines a completion or a store may CALL now, looking
 // them up (a non-locking read of information_schema) at first use and,
-// while none is usable, once per procRecheck. One completion looks, on its
+// while one that pays here is not usable, once per procRecheck. One completion looks, on its
 // own connection before its transaction (a second one from the pool would
 // wait while completions hold all of them: seen at 300 at once); the
 // others send the query meanwhile.
 func (p *completeProc) use(ctx context.Context, conn *sql.Conn) routines {
 	p.mu.Lock()
-	if p.off || p.usable.all || p.usable.single || p.looking || (!p.checked.IsZero() && time.Since(p.checked) < procRecheck) {
+	if p.off || p.settled || p.looking || (!p.checked.IsZero() && time.Since(p.checked) < procRecheck) {
 		usable := p.usable
 		if p.off {
 			usable = routines{}
@@ -77,6 +78,9 @@ func (p *completeProc) use(ctx context.Context, conn *sql.Conn) routines {
 	defer p.mu.Unlock()
 	p.looking = false
 	p.usable = routines{all: err == nil && all == 4 && pays, single: err == nil && single == 2}
+	// one usable and the other missing (a database migrated to 12 only,
+	// say) is looked at again: a migration may bring it while this serves
+	p.settled = p.usable.single && (p.usable.all || (err == nil && !pays))
 	p.checked = time.Now()
 	if err == nil && all == 4 && !pays && !p.told {
 		p.told = true
@@ -109,7 +113,7 @@ func routinesPay(version string, logBin bool) bool {
 // or no right to run it): the query serves until the next look.
 func (p *completeProc) failed(err error) {
 	p.mu.Lock()
-	p.usable, p.checked = routines{}, time.Now()
+	p.usable, p.settled, p.checked = routines{}, false, time.Now()
 	p.mu.Unlock()
 	p.logger.Warn().Str("routines", procName).Err(err).Msg("completions go without their routines until they are looked for again in a minute: every result is committed as before, at more CPU a result")
 }
