@@ -76,8 +76,9 @@ func mysqldPID(dsn string) int {
 }
 
 // settle waits, up to a minute, until the database servers are quiet (under
-// 5% of a CPU over 300 ms): one server's purge and page flushing after a
-// run would otherwise take CPU from the next run on the other.
+// 5% of a CPU over 300 ms): a run's purge and page flushing would otherwise
+// take CPU from the next run, on the same server or the other. Every
+// measured burst starts after it.
 func (r *runner) settle() {
 	pids := map[string]int{}
 	if r.serverPID > 0 {
@@ -89,6 +90,7 @@ func (r *runner) settle() {
 		}
 	}
 	const span = 300 * time.Millisecond
+	start := time.Now()
 	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); {
 		before := cpuTimes(pids)
 		time.Sleep(span)
@@ -98,6 +100,9 @@ func (r *runner) settle() {
 			busy += after[k] - before[k]
 		}
 		if busy < 0.05*float64(span/time.Millisecond) {
+			if waited := time.Since(start); waited > 2*time.Second {
+				progress("waited %s for the database servers to be quiet", waited.Round(100*time.Millisecond))
+			}
 			return
 		}
 	}

@@ -47,6 +47,7 @@ func (r *runner) floor(cfg serverConfig, n int, control bool) (*fanout.Result, e
 	if err := fanout.Warm(ctx, db, min(cfg.Pool, n)); err != nil {
 		return nil, err
 	}
+	r.settle() // the previous row's purge is not this row's
 	res := &fanout.Result{Config: fanout.Config{Impl: implFloor, Mode: fanout.ModeFanOut, N: n, Control: control, Pool: cfg.Pool}, Errors: map[string]int{}, Server: cfg.Name}
 	lat := make([]time.Duration, n)
 	var mu sync.Mutex

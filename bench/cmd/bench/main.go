@@ -307,8 +307,9 @@ func (r *runner) runFanOut(o *options) {
 		}
 		for _, n := range o.ns {
 			for _, control := range o.controls {
+				pair := ifn(o.pairsAt(cfg, n, control), 1, 0)
 				if o.want(implFloor) {
-					r.record(r.floor(cfg, n, control))
+					r.recordPaired(pair)(r.floor(cfg, n, control))
 				}
 				for _, im := range storageImpls {
 					if o.runsAt(im.Label, n) && cfg.runs(im.Label) {
@@ -316,7 +317,15 @@ func (r *runner) runFanOut(o *options) {
 					}
 				}
 				if o.want(implService) {
-					r.record(r.service(cfg, n, control))
+					r.recordPaired(pair)(r.service(cfg, n, control))
+				}
+				// the rest of the pairs alternate, so that a machine whose
+				// speed drifts over minutes (this VM's CPU time a result
+				// moves by a quarter between runs minutes apart) weighs on
+				// both sides alike
+				for k := 2; pair > 0 && k <= o.pairs; k++ {
+					r.recordPaired(k)(r.floor(cfg, n, control))
+					r.recordPaired(k)(r.service(cfg, n, control))
 				}
 			}
 		}
@@ -416,9 +425,22 @@ func openMySQL(dsn string) (*dbServer, error) {
 }
 
 func (r *runner) record(res *fanout.Result, err error) {
-	if err != nil {
-		die("%v", err)
+	r.recordPaired(0)(res, err)
+}
+
+// recordPaired is record of a row of alternated pair k (0: not paired).
+func (r *runner) recordPaired(k int) func(*fanout.Result, error) {
+	return func(res *fanout.Result, err error) {
+		if err != nil {
+			die("%v", err)
+		}
+		res.Pair = k
+		r.keep(res)
 	}
+}
+
+// keep adds res to the results and to raw.jsonl.
+func (r *runner) keep(res *fanout.Result) {
 	r.results = append(r.results, res)
 	b, _ := json.Marshal(res)
 	r.raw.Write(append(b, '\n'))
@@ -460,6 +482,7 @@ func (r *runner) storage(im storageImpl, mode string, cfg serverConfig, n int, c
 		return nil, err
 	}
 	defer drop()
+	r.settle()
 	res, err := runBinary(filepath.Join(r.bin, im.Binary), im.Label, mode, dsn, n, cfg.Pool, control, commands)
 	if err != nil {
 		return nil, err

@@ -25,6 +25,7 @@ type options struct {
 	mysqlDSN                     string // -mysql-dsn: the fan-out rows on MySQL too
 	galera                       bool   // -galera: stepcollect's fan-out rows on a three-node Galera cluster too
 	group                        bool   // -group-replication: and on a three-member MySQL Group Replication group
+	pairs                        int    // -pairs: alternated floor and service runs where the goal compares them
 }
 
 // want reports whether -only asks for the row (or run) label.
@@ -41,6 +42,17 @@ func (o *options) inSettings(name string) bool {
 // runsAt reports whether the row label runs at fan-out n.
 func (o *options) runsAt(label string, n int) bool {
 	return o.want(label) && (n <= o.nanoMax || !strings.HasPrefix(label, "NanoCMD"))
+}
+
+// pairsSettings are the settings whose floor and service the goal "the
+// service within 3x the floor" compares (docs/benchmarks.md).
+var pairsSettings = map[string]bool{"defaults": true, "stricter": true}
+
+// pairsAt reports whether the floor and the service run as -pairs
+// alternated pairs at (cfg, n, shape): the goal's settings and fan-out
+// sizes, one step to N, with both rows asked for.
+func (o *options) pairsAt(cfg serverConfig, n int, control bool) bool {
+	return o.pairs > 1 && pairsSettings[cfg.Name] && goalN[n] && !control && o.want(implFloor) && o.want(implService)
 }
 
 func (o *options) runSustained() bool {
@@ -65,6 +77,15 @@ func (o *options) measurements() int {
 			for _, cfg := range configs {
 				if o.runsAt(l, n) && cfg.runs(l) && o.inSettings(cfg.Name) {
 					total += len(o.controls)
+				}
+			}
+		}
+	}
+	for _, n := range o.ns {
+		for _, cfg := range configs {
+			for _, control := range o.controls {
+				if o.inSettings(cfg.Name) && o.pairsAt(cfg, n, control) {
+					total += 2 * (o.pairs - 1)
 				}
 			}
 		}
@@ -107,6 +128,7 @@ func parseFlags() *options {
 	flag.IntVar(&o.nanoMax, "nanocmd-max-n", 10000, "largest N NanoCMD's storage rows run at (above it they take minutes: N=100000 is about 7 minutes for v0.7.1)")
 	flag.DurationVar(&o.susFor, "sustained", 60*time.Second, "length of the sustained run at the api's full rate (0 skips it)")
 	flag.IntVar(&o.workersN, "workers-n", 10000, "results committed with the workers stopped, for the worker-throughput table")
+	flag.IntVar(&o.pairs, "pairs", 3, "at N=3000 and 10000, one step, defaults and stricter: run the floor and the service this many times, alternated; the tables show the pair whose ratio is the median (1: once)")
 	flag.IntVar(&o.e2eN, "e2e-n", 3000, "enrollments of the end-to-end runs against NanoCMD v0.7.1's own server (0 skips them; -only e2e or -only dropin runs one alone)")
 	flag.IntVar(&o.e2eInflight, "e2e-inflight", 64, "enrollments answering at once in the end-to-end run (each answers its commands one after another)")
 	flag.StringVar(&o.mysqlDSN, "mysql-dsn", "", "also run the fan-out rows (floor, NanoCMD, storage, service) on this MySQL server (root DSN, no database), as settings \"MySQL defaults\", \"MySQL stricter\" and \"MySQL binlog\"")

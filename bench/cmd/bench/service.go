@@ -47,6 +47,9 @@ func (r *runner) serviceProfiled(cfg serverConfig, n int, control bool, profile 
 	if cfg.on != nil {
 		serverPID = 0 // not the server whose CPU the bench can see
 	}
+	// the warm-up's collection and the steps' creation leave purge behind,
+	// as the rows before this one do: the burst starts on a quiet server
+	r.settle()
 	b := e.burst(n, control, e.pids(serverPID))
 	res := &fanout.Result{Config: fanout.Config{Impl: implService, Mode: fanout.ModeFanOut, N: n, Control: control, Pool: cfg.Pool},
 		Errors: b.errors, Server: cfg.Name, Completed: b.completed, WallMS: fanout.MS(b.wall), CPU: b.cpu}

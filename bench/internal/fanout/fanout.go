@@ -76,6 +76,9 @@ type Result struct {
 	// CPU is the CPU time each process used during the timed window, in ms
 	// (the service rows: api, worker, mysqld, load generator).
 	CPU map[string]float64 `json:"cpu_ms,omitempty"`
+	// Pair numbers the floor and service rows measured as alternated
+	// pairs (the bench's -pairs), from 1; 0 for a row measured once.
+	Pair int `json:"pair,omitempty"`
 }
 
 // Stranded is what a run left in the tables; all zero when it cleaned up.
