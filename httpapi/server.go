@@ -100,15 +100,25 @@ type Server struct {
 	stepLimits stepLimits
 }
 
+// BodyBudget is the working memory of bodies read and decoded at once that
+// the server admits with these limits (0: the default): at least one
+// largest body.
+func BodyBudget(maxBody, maxInflight int64) int64 {
+	if maxBody <= 0 {
+		maxBody = DefaultMaxBody
+	}
+	if maxInflight <= 0 {
+		maxInflight = DefaultMaxInflightBodyBytes
+	}
+	return max(maxInflight, maxBody)
+}
+
 // New returns the API's handler.
 func New(cfg Config) *Server {
 	if cfg.MaxBody <= 0 {
 		cfg.MaxBody = DefaultMaxBody
 	}
-	if cfg.MaxInflightBodyBytes <= 0 {
-		cfg.MaxInflightBodyBytes = DefaultMaxInflightBodyBytes
-	}
-	cfg.MaxInflightBodyBytes = max(cfg.MaxInflightBodyBytes, cfg.MaxBody)
+	cfg.MaxInflightBodyBytes = BodyBudget(cfg.MaxBody, cfg.MaxInflightBodyBytes)
 	if cfg.BodyTimeout <= 0 {
 		cfg.BodyTimeout = DefaultBodyTimeout
 	}

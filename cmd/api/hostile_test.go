@@ -214,8 +214,10 @@ func paddedResult(uuid string, size int) []byte {
 // where the default -max-inflight-body-bytes (256 MiB, a body counted at 5x
 // its size) lets two decode at a time. The bound, 1 GiB, is that budget
 // with the garbage collector's headroom (GOGC=100: up to twice the live
-// heap) and the idle process. Measured on a 2-core machine: 361 to 492 MiB
-// with the budget (over runs), 6841 MiB without it.
+// heap; the api's raised GOGC is held to the budget and 128 MiB by its soft
+// memory limit, app/gc.go) and the idle process. Measured on a 2-core
+// machine: 361 to 492 MiB with the budget (over runs, at GOGC=100), 6841
+// MiB without it.
 //
 // It runs a binary built without the race detector, whose shadow memory
 // would multiply every figure. With STEPCOLLECT_TEST_UNBUDGETED=1 it also

@@ -15,6 +15,7 @@ func main() {
 	app.Main("api", app.ParseAPIConfig,
 		func(c app.APIConfig) (string, string) { return c.LogLevel, c.LogFormat },
 		func(ctx context.Context, c app.APIConfig, l zerolog.Logger) (app.Service, error) {
+			app.TuneAPIGC(c, l)
 			return app.NewAPI(ctx, c, l)
 		})
 }

@@ -16,6 +16,7 @@ func main() {
 	app.Main("worker", app.ParseWorkerConfig,
 		func(c app.WorkerConfig) (string, string) { return c.LogLevel, c.LogFormat },
 		func(ctx context.Context, c app.WorkerConfig, l zerolog.Logger) (app.Service, error) {
+			app.TuneWorkerGC(l)
 			return app.NewWorker(ctx, c, l)
 		})
 }
