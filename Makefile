@@ -22,6 +22,7 @@ build:
 
 test: vet
 	$(GO) test -race -count=1 ./...
+	cd bench && $(GO) test -count=1 ./cmd/bench
 	@$(MAKE) --no-print-directory fuzz
 
 # The suites that use the database again, on MySQL 9.7 LTS beside `make
