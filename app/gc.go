@@ -27,8 +27,8 @@ func TuneWorkerGC(logger zerolog.Logger) {
 // a heap of a few MiB is collected every few MiB allocated: at 2,500
 // webhooks a second, many times a second, each collection also shrinking
 // the stacks of idle connection goroutines that the next request grows
-// again. At 400 the api and the worker spent about 12% less CPU a result
-// (docs/benchmarks.md, "The garbage collector's target").
+// again. At 400 the api and the worker each spent 5 to 22% less CPU in the
+// service row at N=10000 (docs/bench/gc-2026-12-03).
 const gcPercent = 400
 
 // workerMemoryLimit is the worker's soft memory limit unless GOMEMLIMIT is

@@ -435,15 +435,10 @@ func (r *runner) recordPaired(k int) func(*fanout.Result, error) {
 			die("%v", err)
 		}
 		res.Pair = k
-		r.keep(res)
+		r.results = append(r.results, res)
+		b, _ := json.Marshal(res)
+		r.raw.Write(append(b, '\n'))
 	}
-}
-
-// keep adds res to the results and to raw.jsonl.
-func (r *runner) keep(res *fanout.Result) {
-	r.results = append(r.results, res)
-	b, _ := json.Marshal(res)
-	r.raw.Write(append(b, '\n'))
 }
 
 // recordJSON writes a measurement that is not a fanout.Result to raw.jsonl.
