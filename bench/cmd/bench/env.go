@@ -133,9 +133,11 @@ type envOptions struct {
 func (r *runner) startEnvWith(cfg serverConfig, workers, inflight int, opts envOptions) (e *svcEnv, err error) {
 	profile := opts.apiProfile
 	e = &svcEnv{bin: r.bin, cfg: cfg, inflight: inflight, workerProfile: opts.workerProfile}
+	// every error return sets e to nil: what was started is env's
+	env := e
 	defer func() {
 		if err != nil {
-			e.close()
+			env.close()
 		}
 	}()
 	admin, server := r.serverOf(cfg)
@@ -254,18 +256,27 @@ func (e *svcEnv) close() {
 	}
 }
 
+// The names of the processes a service row's CPU is reported by (the
+// workers after the first are procWorker 2, 3 …).
+const (
+	procAPI    = "api"
+	procWorker = "worker"
+	procMySQLD = "mysqld"
+	procBench  = "load generator" // the webhook client and the event receiver
+)
+
 // pids are the processes whose CPU time a measurement reports.
 func (e *svcEnv) pids(serverPID int) map[string]int {
-	pids := map[string]int{"api": e.api.cmd.Process.Pid, "load generator": os.Getpid()}
+	pids := map[string]int{procAPI: e.api.cmd.Process.Pid, procBench: os.Getpid()}
 	for i, w := range e.workers {
-		name := "worker"
+		name := procWorker
 		if i > 0 {
-			name = fmt.Sprintf("worker %d", i+1)
+			name = fmt.Sprintf("%s %d", procWorker, i+1)
 		}
 		pids[name] = w.cmd.Process.Pid
 	}
 	if serverPID > 0 {
-		pids["mysqld"] = serverPID
+		pids[procMySQLD] = serverPID
 	}
 	return pids
 }

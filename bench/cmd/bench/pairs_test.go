@@ -15,7 +15,8 @@ func pairRows(t *testing.T, serviceWalls ...float64) []*fanout.Result {
 	for i, w := range serviceWalls {
 		floor := &fanout.Result{Config: fanout.Config{Impl: implFloor, Mode: fanout.ModeFanOut, N: 3000}, Server: "defaults", WallMS: 100, Pair: i + 1}
 		svc := &fanout.Result{Config: fanout.Config{Impl: implService, Mode: fanout.ModeFanOut, N: 3000}, Server: "defaults", WallMS: w, Pair: i + 1,
-			Completed: 3000, EventsReceived: 3000, EventsDistinct: 3000, CollectedAfterMS: 50, DeliveredAfterMS: 80, LagP99MS: 300}
+			Completed: 3000, EventsReceived: 3000, EventsDistinct: 3000, CollectedAfterMS: 50, DeliveredAfterMS: 80, LagP99MS: 300,
+			CPU: map[string]float64{procAPI: 300, procWorker: 150, procMySQLD: 600, procBench: 300}}
 		out = append(out, floor, svc)
 	}
 	return out
@@ -58,5 +59,20 @@ func TestEveryPairCountsForTheDeliveryGoal(t *testing.T) {
 	g := goals(rows, index(rows), nil, nil, nil, nil)
 	if !strings.Contains(g, "**Every event delivered within 2 s of the last 200**") || !strings.Contains(g, "**missed** in 1 of 3") {
 		t.Fatalf("pair 3's missing event does not miss the delivery goal:\n%s", g)
+	}
+}
+
+// The pairs table shows each service run's CPU to done, its workers'
+// together: the work a burst left for after its last 200 is still the
+// fan-out's.
+func TestThePairsTableShowsTheCPUToDone(t *testing.T) {
+	rows := pairRows(t, 300, 250, 350)
+	rows[1].CPUToDone = map[string]float64{procAPI: 300, procWorker: 300, procWorker + " 2": 150, procMySQLD: 900, procBench: 450}
+	md := pairsMarkdown(rows)
+	if !strings.Contains(md, "| 0.000 / 0.450 ms | 0.700 ms (0.100 / 0.150 / 0.300 / 0.150) |") {
+		t.Fatalf("pair 1's CPU to done is not 0.700 ms a result (api 0.100, both workers 0.150, mysqld 0.300, bench 0.150):\n%s", md)
+	}
+	if strings.Count(md, "| – |") != 2 {
+		t.Fatalf("the pairs without a CPU to done do not show a dash:\n%s", md)
 	}
 }

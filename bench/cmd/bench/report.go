@@ -107,9 +107,11 @@ func pairsMarkdown(results []*fanout.Result) string {
 		"On this VM the CPU time a result costs moves by up to a quarter between runs minutes apart, for every process alike, " +
 		"so one run of each is a draw. The fan-out tables, the charts and the goal show the pair whose ratio is the median (**bold**); " +
 		"every run counts for the collection and delivery goals. CPU a result is the server's and the bench's (floor) and every " +
-		"process's (service) during the burst.\n\n")
-	b.WriteString("| setting | N | pair | floor | service | × floor | CPU a result: floor / service | service errors | stranded (steps/id_cmds/step_cmds) | events received / distinct |\n")
-	b.WriteString("|---|--:|--:|--:|--:|--:|--:|---|---|--:|\n")
+		"process's (service) during the burst. The service's **to done** is every process's from the release to its last event " +
+		"delivered and its step collected: the whole fan-out's work, whatever of the delivery the worker left for after the last 200 " +
+		"(a worker that delivers less during the burst shortens the burst, not the work).\n\n")
+	b.WriteString("| setting | N | pair | floor | service | × floor | CPU a result: floor / service | service to done (api / worker / mysqld / bench) | service errors | stranded (steps/id_cmds/step_cmds) | events received / distinct |\n")
+	b.WriteString("|---|--:|--:|--:|--:|--:|--:|--:|---|---|--:|\n")
 	for _, cfg := range configs {
 		for _, n := range sortedNs(results) {
 			ps := pairs[key{implService, cfg.Name, n, false}]
@@ -123,8 +125,8 @@ func pairsMarkdown(results []*fanout.Result) string {
 					x = "**" + x + "**"
 				}
 				f, sv := p.floor, p.service
-				fmt.Fprintf(&b, "| %s | %d | %d | %s | %s | %s | %.3f / %.3f ms | %s | %d/%d/%d | %s |\n", cfg.Name, n, sv.Pair,
-					dur(f.WallMS), dur(sv.WallMS), x, cpuPerResult(f), cpuPerResult(sv), errString(sv.Errors),
+				fmt.Fprintf(&b, "| %s | %d | %d | %s | %s | %s | %.3f / %.3f ms | %s | %s | %d/%d/%d | %s |\n", cfg.Name, n, sv.Pair,
+					dur(f.WallMS), dur(sv.WallMS), x, cpuPerResult(f), cpuPerResult(sv), cpuToDone(sv), errString(sv.Errors),
 					sv.Stranded.Steps, sv.Stranded.IDCommands, sv.Stranded.StepCommands, eventsString(sv.EventsReceived, sv.EventsDistinct))
 			}
 		}
@@ -141,6 +143,24 @@ func cpuPerResult(r *fanout.Result) float64 {
 		total += v
 	}
 	return total / float64(max(r.N, 1))
+}
+
+// cpuToDone is a service row's CPU a result from the release to its last
+// event delivered, in all and by process ("–" where it was not measured).
+func cpuToDone(r *fanout.Result) string {
+	if len(r.CPUToDone) == 0 {
+		return "–"
+	}
+	n := float64(max(r.N, 1))
+	var total, workers float64
+	for name, v := range r.CPUToDone {
+		total += v
+		if strings.HasPrefix(name, procWorker) {
+			workers += v
+		}
+	}
+	c := r.CPUToDone
+	return fmt.Sprintf("%.3f ms (%.3f / %.3f / %.3f / %.3f)", total/n, c[procAPI]/n, workers/n, c[procMySQLD]/n, c[procBench]/n)
 }
 
 // serviceRuns is every service result at k: one, or one per pair.

@@ -76,6 +76,10 @@ type Result struct {
 	// CPU is the CPU time each process used during the timed window, in ms
 	// (the service rows: api, worker, mysqld, load generator).
 	CPU map[string]float64 `json:"cpu_ms,omitempty"`
+	// CPUToDone is each process's CPU time from the release to the last
+	// event delivered and the step collected (the service rows): the
+	// whole work of the fan-out, wherever the window ends.
+	CPUToDone map[string]float64 `json:"cpu_to_done_ms,omitempty"`
 	// Pair numbers the floor and service rows measured as alternated
 	// pairs (the bench's -pairs), from 1; 0 for a row measured once.
 	Pair int `json:"pair,omitempty"`
