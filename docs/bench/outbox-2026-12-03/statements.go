@@ -26,6 +26,9 @@
 //	               once), then deleted 24 at a time, each phase timed apart
 //	lifei<size>    the same, each claimer deleting its batch before claiming
 //	               again, as the worker's loops do
+//	lifet<size>    the same, the claim held in its transaction (no lease
+//	               UPDATE) and the batch deleted in it before its COMMIT: a
+//	               delivery whose lock is its lease
 package main
 
 import (
@@ -107,9 +110,9 @@ func run(ctx context.Context, base string, pid, n int, mode string, r int) {
 	}
 	payload := event
 	if strings.HasPrefix(mode, "life") {
-		size, err := strconv.Atoi(strings.TrimLeft(strings.TrimPrefix(mode, "life"), "i"))
+		size, err := strconv.Atoi(strings.TrimLeft(strings.TrimPrefix(mode, "life"), "it"))
 		if err != nil || size > len(event) {
-			log.Fatalf("mode %s: want life<size> or lifei<size>, size at most %d", mode, len(event))
+			log.Fatalf("mode %s: want life<size>, lifei<size> or lifet<size>, size at most %d", mode, len(event))
 		}
 		payload = event[:size]
 	}
@@ -196,6 +199,7 @@ func run(ctx context.Context, base string, pid, n int, mode string, r int) {
 // each batch before its claimer claims again, life claims them all first.
 func deliver(ctx context.Context, db *sql.DB, pid, n int, mode string, s0, p1 time.Duration) {
 	interleave := strings.HasPrefix(mode, "lifei")
+	held := strings.HasPrefix(mode, "lifet")
 	counters0 := counters(db)
 	var mu sync.Mutex
 	var all [][]string
@@ -230,6 +234,17 @@ func deliver(ctx context.Context, db *sql.DB, pid, n int, mode string, s0, p1 ti
 				if len(ids) == 0 {
 					tx.Rollback()
 					return
+				}
+				if held {
+					// the POSTs would run here, the rows locked by this
+					// transaction; what was acknowledged goes with its COMMIT
+					for b := ids; len(b) > 0; b = b[min(24, len(b)):] {
+						if _, err := tx.ExecContext(ctx, "DELETE FROM stepcollect_outbox WHERE id IN ("+strings.Join(b[:min(24, len(b))], ",")+")"); err != nil {
+							log.Fatal(err)
+						}
+					}
+					must1(tx.Commit())
+					continue
 				}
 				if _, err := tx.ExecContext(ctx, "UPDATE stepcollect_outbox SET attempts = attempts + 1, lease_until = NOW(6) + INTERVAL 30 SECOND, retry_at = NULL WHERE id IN ("+strings.Join(ids, ",")+")"); err != nil {
 					log.Fatal(err)
