@@ -96,6 +96,12 @@ type Dispatcher struct {
 	// no claim that started before the acknowledgement is running.
 	acked  map[int64]time.Time
 	claims map[int]time.Time // each loop's claim in progress, since when
+
+	// posts runs every POST of every batch on one of Loops × Batch
+	// goroutines that live as long as Run: a goroutine started for each
+	// POST grew its stack through net/http's client every time (a sixth
+	// of the worker's CPU in a burst, docs/bench/posters-2026-12-04).
+	posts chan func()
 }
 
 // NewDispatcher returns a Dispatcher posting through d.
@@ -140,6 +146,19 @@ func (p *Dispatcher) Run(ctx context.Context) {
 		t.Stop()
 	})
 	defer stop()
+	// every loop has at most Batch POSTs in flight: a send to posts never
+	// waits for another loop's
+	p.posts = make(chan func())
+	var posters sync.WaitGroup
+	for range p.cfg.Loops * p.cfg.Batch {
+		posters.Go(func() {
+			for post := range p.posts {
+				post()
+			}
+		})
+	}
+	defer posters.Wait()
+	defer close(p.posts)
 	var wg sync.WaitGroup
 	for i := range p.cfg.Loops {
 		wg.Add(1)
@@ -304,7 +323,7 @@ func (p *Dispatcher) deliverBatch(ctx context.Context, evs []*storage.OutboxEven
 	}()
 	for _, ev := range evs {
 		wg.Add(1)
-		go func() {
+		p.posts <- func() {
 			defer wg.Done()
 			outcome, err := p.d.post(ctx, ev)
 			p.d.metrics.Deliveries.WithLabelValues(ev.Type, outcome).Inc()
@@ -335,7 +354,7 @@ func (p *Dispatcher) deliverBatch(ctx context.Context, evs []*storage.OutboxEven
 			}
 			p.d.logger.Warn().Err(err).Int64(logkeys.OutboxID, ev.ID).Str(logkeys.EventID, ev.EventID).Str(logkeys.EventType, ev.Type).
 				Int(logkeys.Attempt, ev.Attempts).Time("retry_at", retryAt).Msg("delivery failed; will retry")
-		}()
+		}
 	}
 	wg.Wait()
 	close(delivered)
