@@ -244,6 +244,45 @@ func TestAWorkerReusesItsConnectionsToTheReceiver(t *testing.T) {
 	rcv.Check(t)
 }
 
+// Every loop's whole batch is in flight at once, whatever the other loops
+// are posting: the goroutines POSTs run on are Loops × Batch, so a loop
+// never waits for a POST of another's. The receiver answers nothing until
+// every event is in flight (or 10 s have passed).
+func TestEveryLoopPostsItsWholeBatchAtOnce(t *testing.T) {
+	t.Parallel()
+	db, store := testkit.NewStorage(t, stepmysql.WithOutbox())
+	rcv := testkit.NewReceiver(t, testkit.ReceiverOptions{CompletionsOnly: true})
+	const loops, batch = 2, 4
+	completions(t, store, "atonce", loops*batch)
+	var inflight, most atomic.Int32
+	all := make(chan struct{})
+	var once sync.Once
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := inflight.Add(1)
+		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+		}
+		if n == loops*batch {
+			once.Do(func() { close(all) })
+		}
+		select {
+		case <-all:
+		case <-time.After(10 * time.Second):
+		}
+		inflight.Add(-1)
+		rcv.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	// one claim a loop takes every event: the loops' first claims split
+	// them, a batch each (SKIP LOCKED, then the lease)
+	runDispatcher(t, delivery.DispatchConfig{Loops: loops, Batch: batch}, srv.URL, store)
+	awaitDelivered(t, rcv, loops*batch, "every event delivered")
+	awaitOutboxEmpty(t, db)
+	if m := most.Load(); m != loops*batch {
+		t.Errorf("at most %d POSTs were in flight at once, want %d (%d loops of %d): a loop waited for another's POSTs", m, loops*batch, loops, batch)
+	}
+	rcv.Check(t)
+}
+
 // racingClaim is an outbox of one event whose second claim read it before
 // the acknowledging DELETE and returns it after that DELETE and the release
 // of the loop that posted it: a claim whose locking read came first (the
