@@ -82,16 +82,65 @@ func FreePort(t testing.TB) int {
 // to open IST listener … Address already in use", the node aborting).
 func PickPort() (int, error) {
 	lo, hi := pickRange()
-	for range 200 {
-		port := lo + rand.IntN(hi-lo)
+	port, err := pickFree(func() int { return lo + rand.IntN(hi-lo) }, 200)
+	if err != nil {
+		return 0, fmt.Errorf("no free port in %d–%d: %w", lo, hi-1, err)
+	}
+	return port, nil
+}
+
+// pickFree returns the first of up to tries candidates that no other
+// process of the tests or the bench has picked (reservePort) and that
+// 127.0.0.1 can listen on now.
+func pickFree(next func() int, tries int) (int, error) {
+	for range tries {
+		port := next()
+		if !reservePort(port) {
+			continue // picked by another test process, maybe not listened on yet
+		}
 		ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
 		if err != nil {
-			continue // in use: another
+			continue // in use: another (its reservation kept, so not tried again)
 		}
 		ln.Close()
 		return port, nil
 	}
-	return 0, fmt.Errorf("no free port in %d–%d after 200 tries", lo, hi-1)
+	return 0, fmt.Errorf("%d candidates tried, every one in use", tries)
+}
+
+// reserved holds a lock file for every port this process picked, for as
+// long as it lives: go test runs packages side by side, and a port one of
+// them picked is free until its server starts and again while a fault test
+// has that server killed, for seconds. Listening alone would hand it to a
+// second process (CI saw a recovery test's port taken so). A process that
+// ends gives its ports back (flock).
+var reserved = struct {
+	sync.Mutex
+	files map[int]*os.File
+}{files: map[int]*os.File{}}
+
+// reservePort reports whether port is now this process's: false if this
+// or another process holds it.
+func reservePort(port int) bool {
+	reserved.Lock()
+	defer reserved.Unlock()
+	if reserved.files[port] != nil {
+		return false
+	}
+	dir := filepath.Join(os.TempDir(), "stepcollect-test-ports")
+	if err := os.MkdirAll(dir, 0o777); err != nil {
+		return true // no reservations here: the listen check alone decides
+	}
+	f, err := os.OpenFile(filepath.Join(dir, strconv.Itoa(port)), os.O_CREATE|os.O_RDWR, 0o666)
+	if err != nil {
+		return true
+	}
+	if syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) != nil {
+		f.Close()
+		return false
+	}
+	reserved.files[port] = f
+	return true
 }
 
 // pickRange is where PickPort draws from: [10000, the first ephemeral
