@@ -1,6 +1,9 @@
 package mysql
 
-import "strings"
+import (
+	"strings"
+	"time"
+)
 
 // TwoTrips says whether s runs completions in two round trips (conntx.go).
 func TwoTrips(s *Storage) bool { return s.twoTrips }
@@ -60,3 +63,7 @@ func PredictedDelete(id, own string, stepID int64, others []string) (string, []a
 // ActiveResultsPeak is the most results s has had in a transaction at once
 // (WithMaxActiveResults); 0 without a bound.
 func ActiveResultsPeak(s *Storage) int64 { return s.resultsPeak.Load() }
+
+// FullScanEvery sets how long s's event claims go at most without one that
+// reads the outbox from its start (claimstart.go).
+func FullScanEvery(s *Storage, d time.Duration) { s.claims.every = d }

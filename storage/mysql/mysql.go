@@ -73,6 +73,9 @@ type Storage struct {
 	backoffBase    time.Duration
 	backoffMax     time.Duration
 
+	// claims is where this process's event claims start (claimstart.go).
+	claims claimStart
+
 	// results holds a token for each result in a transaction now
 	// (WithMaxActiveResults); nil: no bound but the pool's.
 	results     chan struct{}

@@ -51,6 +51,7 @@ func (s *Storage) outboxRow(ev *events.Event, enrollment string) ([]any, error) 
 // storage.ErrDeliveryPaused.
 func (s *Storage) ClaimDueEvents(ctx context.Context, limit int, lease time.Duration) ([]*storage.OutboxEvent, error) {
 	var out []*storage.OutboxEvent
+	var after int64
 	err := s.inTx(ctx, storage.OpClaimEvents, func(ctx context.Context, tx *sql.Tx, _ *attempt) error {
 		out = nil
 		var paused sql.NullBool
@@ -61,8 +62,9 @@ func (s *Storage) ClaimDueEvents(ctx context.Context, limit int, lease time.Dura
 			return storage.ErrDeliveryPaused
 		}
 		now := time.Now()
+		after = s.claims.from(now)
 		var err error
-		out, err = queryList(ctx, tx, qClaimDueEvents, []any{dbTime(now), limit}, func(rs *sql.Rows) (*storage.OutboxEvent, error) {
+		out, err = queryList(ctx, tx, qClaimDueEvents, []any{after, dbTime(now), limit}, func(rs *sql.Rows) (*storage.OutboxEvent, error) {
 			ev := &storage.OutboxEvent{}
 			var age int64
 			err := rs.Scan(&ev.ID, &ev.EventID, &ev.Type, &ev.Payload, &ev.Attempts, &age)
@@ -85,6 +87,7 @@ func (s *Storage) ClaimDueEvents(ctx context.Context, limit int, lease time.Dura
 	} else if err != nil {
 		return nil, fmt.Errorf("claiming events to deliver: %w", err)
 	}
+	s.claims.claimed(after, out, limit)
 	return out, nil
 }
 

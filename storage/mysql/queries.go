@@ -353,7 +353,7 @@ SELECT workflow_name, instance_id FROM steps WHERE id = ?`
 SELECT id, event_id, event_type, payload, attempts,
   TIMESTAMPDIFF(MICROSECOND, COALESCE(released_at, created_at), CURRENT_TIMESTAMP(6))
 FROM stepcollect_outbox FORCE INDEX (outbox_held_at)
-WHERE held_at IS NULL AND (lease_until IS NULL OR lease_until <= ?)
+WHERE held_at IS NULL AND id > ? AND (lease_until IS NULL OR lease_until <= ?)
 ORDER BY id LIMIT ? FOR UPDATE SKIP LOCKED`
 
 	// The lease replaces a value of its own size (never NULL, see
