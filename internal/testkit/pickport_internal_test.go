@@ -10,25 +10,31 @@ import (
 	"testing"
 )
 
+// listening returns a port the kernel gave a listener of its own, kept
+// open until t ends if keep, else closed at once (free again).
+func listening(t *testing.T, keep bool) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if keep {
+		t.Cleanup(func() { ln.Close() })
+	} else {
+		ln.Close()
+	}
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
 // A port something listens on is never picked: with every candidate but
 // one held by this test, the free one is what comes back, and with all of
 // them held the pick fails saying so.
 func TestPickFreeSkipsPortsInUse(t *testing.T) {
 	var held []int
 	for range 3 {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer ln.Close()
-		held = append(held, ln.Addr().(*net.TCPAddr).Port)
+		held = append(held, listening(t, true))
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	free := ln.Addr().(*net.TCPAddr).Port
-	ln.Close()
+	free := listening(t, false)
 
 	// The held ones come first, twice over, then the free one.
 	cands := append(append(append([]int{}, held...), held...), free)
@@ -54,16 +60,7 @@ func TestPickFreeSkipsPortsInUse(t *testing.T) {
 // file description, which flock treats as another holder, as it would
 // another process).
 func TestPickFreeSkipsPortsAnotherProcessPicked(t *testing.T) {
-	var ports []int
-	for range 2 {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
-		ln.Close()
-	}
-	taken, free := ports[0], ports[1]
+	taken, free := listening(t, false), listening(t, false)
 	dir := filepath.Join(os.TempDir(), "stepcollect-test-ports")
 	if err := os.MkdirAll(dir, 0o777); err != nil {
 		t.Fatal(err)

@@ -13,23 +13,35 @@ import (
 	"github.com/stepcollect/stepcollect/storage/mysql"
 )
 
+// qTestEvent writes an event named by its two arguments (event and
+// enrollment) straight into the outbox.
+const qTestEvent = `INSERT INTO stepcollect_outbox (event_id, event_type, step_id, enrollment_id, payload) VALUES (?, 'step.completed', 1, ?, '{}')`
+
+// claimsSetup is a test database with the outbox whose storage's claims
+// read from the start at least every every (and after a short claim).
+func claimsSetup(t *testing.T, every time.Duration) *bundle {
+	t.Helper()
+	b := setup(t, &setupOpts{extra: []mysql.Option{mysql.WithOutbox()}})
+	mysql.FullScanEvery(b.store, every)
+	return b
+}
+
 // lateEvent writes an event in a transaction it leaves open, then the
 // events named in after, committed: the open one holds the lowest row id
 // and a claim now passes over it (SKIP LOCKED). commit commits it.
 func lateEvent(t *testing.T, b *bundle, after ...string) (late string, commit func()) {
 	t.Helper()
 	ctx := t.Context()
-	insert := `INSERT INTO stepcollect_outbox (event_id, event_type, step_id, enrollment_id, payload) VALUES (?, 'step.completed', 1, ?, '{}')`
 	tx, err := b.db.BeginTx(ctx, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	late = "late"
-	if _, err := tx.ExecContext(ctx, insert, late, late); err != nil {
+	if _, err := tx.ExecContext(ctx, qTestEvent, late, late); err != nil {
 		t.Fatal(err)
 	}
 	for _, id := range after {
-		if _, err := b.db.ExecContext(ctx, insert, id, id); err != nil {
+		if _, err := b.db.ExecContext(ctx, qTestEvent, id, id); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -67,8 +79,7 @@ func claimIDs(t *testing.T, s *mysql.Storage, limit int) []string {
 // comes back short, the next one reads the outbox from its start.
 func TestAnEventCommittedBehindAClaimIsClaimedOnceTheClaimsCatchUp(t *testing.T) {
 	t.Parallel()
-	b := setup(t, &setupOpts{extra: []mysql.Option{mysql.WithOutbox()}})
-	mysql.FullScanEvery(b.store, time.Hour) // only a short claim starts one here
+	b := claimsSetup(t, time.Hour) // only a short claim starts one here
 	late, commit := lateEvent(t, b, "e1", "e2", "e3", "e4", "e5")
 
 	if got := claimIDs(t, b.store, 2); !slices.Equal(got, []string{"e1", "e2"}) {
@@ -93,9 +104,8 @@ func TestAnEventCommittedBehindAClaimIsClaimedOnceTheClaimsCatchUp(t *testing.T)
 // them waits that long, not for the burst to end.
 func TestClaimsThatNeverCatchUpStillReadFromTheStartEverySoOften(t *testing.T) {
 	t.Parallel()
-	b := setup(t, &setupOpts{extra: []mysql.Option{mysql.WithOutbox()}})
 	const every = 300 * time.Millisecond
-	mysql.FullScanEvery(b.store, every)
+	b := claimsSetup(t, every)
 	var rest []string
 	for i := range 20 {
 		rest = append(rest, fmt.Sprintf("e%02d", i))
@@ -126,11 +136,10 @@ func TestClaimsThatNeverCatchUpStillReadFromTheStartEverySoOften(t *testing.T) {
 // that finds nothing else due reads from the start.
 func TestALapsedLeaseBehindTheLastClaimIsClaimedAgain(t *testing.T) {
 	t.Parallel()
-	b := setup(t, &setupOpts{extra: []mysql.Option{mysql.WithOutbox()}})
-	mysql.FullScanEvery(b.store, time.Hour)
+	b := claimsSetup(t, time.Hour)
 	ctx := t.Context()
 	for _, id := range []string{"a", "b", "c"} {
-		if _, err := b.db.ExecContext(ctx, `INSERT INTO stepcollect_outbox (event_id, event_type, step_id, enrollment_id, payload) VALUES (?, 'step.completed', 1, ?, '{}')`, id, id); err != nil {
+		if _, err := b.db.ExecContext(ctx, qTestEvent, id, id); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -162,8 +171,7 @@ func TestALapsedLeaseBehindTheLastClaimIsClaimedAgain(t *testing.T) {
 // other claim would read past all the new events and come back empty.
 func TestClaimsReadAfterWhereAFullScanEndedNotTheHighestRowEver(t *testing.T) {
 	t.Parallel()
-	b := setup(t, &setupOpts{extra: []mysql.Option{mysql.WithOutbox()}})
-	mysql.FullScanEvery(b.store, time.Hour)
+	b := claimsSetup(t, time.Hour)
 	ctx := t.Context()
 	insert := func(id int, event string) {
 		t.Helper()
@@ -198,8 +206,7 @@ func TestClaimsReadAfterWhereAFullScanEndedNotTheHighestRowEver(t *testing.T) {
 // (full scans here only when a claim comes back short).
 func TestOutOfOrderCommitsUnderConcurrentClaimsAreAllClaimedOnce(t *testing.T) {
 	t.Parallel()
-	b := setup(t, &setupOpts{extra: []mysql.Option{mysql.WithOutbox()}})
-	mysql.FullScanEvery(b.store, time.Hour)
+	b := claimsSetup(t, time.Hour)
 	ctx := t.Context()
 	const writers, each = 8, 100
 	var wg sync.WaitGroup
@@ -214,7 +221,7 @@ func TestOutOfOrderCommitsUnderConcurrentClaimsAreAllClaimedOnce(t *testing.T) {
 					return
 				}
 				id := fmt.Sprintf("w%d-%d", w, i)
-				if _, err := tx.ExecContext(ctx, `INSERT INTO stepcollect_outbox (event_id, event_type, step_id, enrollment_id, payload) VALUES (?, 'step.completed', 1, ?, '{}')`, id, id); err != nil {
+				if _, err := tx.ExecContext(ctx, qTestEvent, id, id); err != nil {
 					tx.Rollback()
 					t.Error(err)
 					return
