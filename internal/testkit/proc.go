@@ -131,12 +131,11 @@ func reservePort(port int) bool {
 	if err := os.MkdirAll(dir, 0o777); err != nil {
 		return true // no reservations here: the listen check alone decides
 	}
-	f, err := os.OpenFile(filepath.Join(dir, strconv.Itoa(port)), os.O_CREATE|os.O_RDWR, 0o666)
+	f, err := tryLock(filepath.Join(dir, strconv.Itoa(port)))
 	if err != nil {
-		return true
+		return true // no reservations here: the listen check alone decides
 	}
-	if syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) != nil {
-		f.Close()
+	if f == nil {
 		return false
 	}
 	reserved.files[port] = f

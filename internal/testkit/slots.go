@@ -86,14 +86,13 @@ func acquire(t testing.TB, dir string, n int) *os.File {
 	warned := false
 	for {
 		for i := range n {
-			f, err := os.OpenFile(filepath.Join(dir, fmt.Sprint(i)), os.O_CREATE|os.O_RDWR, 0o666)
+			f, err := tryLock(filepath.Join(dir, fmt.Sprint(i)))
 			if err != nil {
 				t.Fatalf("test database slot %d: %v", i, err)
 			}
-			if syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) == nil {
+			if f != nil {
 				return f
 			}
-			f.Close()
 		}
 		if !warned && time.Since(start) > time.Minute {
 			t.Logf("waiting for one of %d test database slots (%s) for %v", n, dir, time.Since(start).Round(time.Second))
@@ -101,4 +100,19 @@ func acquire(t testing.TB, dir string, n int) *os.File {
 		}
 		time.Sleep(25 * time.Millisecond)
 	}
+}
+
+// tryLock opens (creating) the file at path and takes an exclusive flock
+// on it without waiting: the file while this process holds it (a process
+// that dies gives it back), nil if another holder has it.
+func tryLock(path string) (*os.File, error) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o666)
+	if err != nil {
+		return nil, err
+	}
+	if syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) != nil {
+		f.Close()
+		return nil, nil
+	}
+	return f, nil
 }
