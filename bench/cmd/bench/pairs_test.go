@@ -1,6 +1,8 @@
 package main
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -74,5 +76,27 @@ func TestThePairsTableShowsTheCPUToDone(t *testing.T) {
 	}
 	if strings.Count(md, "| – |") != 2 {
 		t.Fatalf("the pairs without a CPU to done do not show a dash:\n%s", md)
+	}
+}
+
+// A quick run of some settings (-settings defaults,stricter) charts those
+// and skips the rest: drawing a setting without rows panicked in gonum
+// ("Values must be greater than 0 for a log scale") after results.md.
+func TestChartsSkipSettingsWithoutRows(t *testing.T) {
+	var rows []*fanout.Result
+	for _, n := range []int{3000, 10000} {
+		rows = append(rows, &fanout.Result{Config: fanout.Config{Impl: implService, Mode: fanout.ModeFanOut, N: n}, Server: configs[0].Name, WallMS: float64(n) / 3})
+	}
+	dir := t.TempDir()
+	if err := charts(rows, []int{3000, 10000}, dir); err != nil {
+		t.Fatal(err)
+	}
+	for _, cfg := range configs {
+		_, err := os.Stat(filepath.Join(dir, "fanout-"+chartName(cfg.Name)+".png"))
+		if cfg.Name == configs[0].Name && err != nil {
+			t.Errorf("setting %s has rows and no chart: %v", cfg.Name, err)
+		} else if cfg.Name != configs[0].Name && err == nil {
+			t.Errorf("setting %s has no rows and a chart", cfg.Name)
+		}
 	}
 }

@@ -655,7 +655,9 @@ func chartName(setting string) string {
 }
 
 // nChart draws one line per implementation of y(row, N) against N, both
-// axes logarithmic, for the one-step rows of setting cfg.
+// axes logarithmic, for the one-step rows of setting cfg. A setting with
+// no rows (-settings named others) gets no chart: a log axis without a
+// value has no range, and gonum panics drawing it.
 func nChart(idx map[key]*fanout.Result, ns []int, cfg serverConfig, title, yLabel, file string, y func(*fanout.Result, int) float64) error {
 	p := plot.New()
 	p.Title.Text = title
@@ -665,6 +667,7 @@ func nChart(idx map[key]*fanout.Result, ns []int, cfg serverConfig, title, yLabe
 	p.X.Tick.Marker, p.Y.Tick.Marker = plot.LogTicks{Prec: -1}, plot.LogTicks{Prec: -1}
 	p.Legend.Top, p.Legend.Left = true, true
 	p.Add(plotter.NewGrid())
+	lines := 0
 	for _, impl := range rowOrder {
 		var pts plotter.XYs
 		for _, n := range ns {
@@ -687,6 +690,10 @@ func nChart(idx map[key]*fanout.Result, ns []int, cfg serverConfig, title, yLabe
 		}
 		p.Add(line, points)
 		p.Legend.Add(impl, line, points)
+		lines++
+	}
+	if lines == 0 {
+		return nil
 	}
 	return p.Save(9*vg.Inch, 5.5*vg.Inch, file)
 }
