@@ -85,6 +85,10 @@ func TestSchedulerClaimsLockOnlyTheStepsThatAreDue(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer blocker.Rollback()
+			var blockerConn int64
+			if err := blocker.QueryRow(`SELECT CONNECTION_ID()`).Scan(&blockerConn); err != nil {
+				t.Fatal(err)
+			}
 			if _, err := blocker.Exec(`INSERT INTO stepcollect_outbox (event_id, event_type, step_id, payload) VALUES (?, 'test.blocker', ?, '{}')`,
 				tc.event(dueID), dueID); err != nil {
 				t.Fatal(err)
@@ -99,7 +103,7 @@ func TestSchedulerClaimsLockOnlyTheStepsThatAreDue(t *testing.T) {
 				n, err := tc.run(ctx, b)
 				done <- result{n, err}
 			}()
-			if !awaitOutboxInsert(t, b.db.DB, 15*time.Second) {
+			if !awaitOutboxInsert(t, b.db.DB, blockerConn, 15*time.Second) {
 				blocker.Rollback()
 				r := <-done
 				t.Fatalf("the scheduler's transaction never waited at its outbox insert (it returned %d events, %v)", r.n, r.err)
@@ -155,13 +159,17 @@ func insertIdleSteps(t *testing.T, db *sql.DB, n int) []int64 {
 }
 
 // awaitOutboxInsert returns true once a connection to this database (the
-// test's own: the server is shared) is running an INSERT into the outbox,
-// which the blocker's uncommitted row makes wait, or false after within.
-func awaitOutboxInsert(t *testing.T, db *sql.DB, within time.Duration) bool {
+// test's own: the server is shared) other than the blocker's is running an
+// INSERT into the outbox, which the blocker's uncommitted row makes wait,
+// or false after within. Not the blocker's: its own INSERT is still listed
+// as a running Query for a moment after the client has its OK, and a test
+// that went on then (once, in a run beside CI) ran its claim before the
+// scheduler's and saw the scheduler claim nothing.
+func awaitOutboxInsert(t *testing.T, db *sql.DB, blocker int64, within time.Duration) bool {
 	t.Helper()
 	_, ok := testkit.Watch(time.Now().Add(within), func() bool {
 		return testkit.Count(t, db, `SELECT COUNT(*) FROM information_schema.processlist
-WHERE db = DATABASE() AND command = 'Query' AND info LIKE 'INSERT INTO stepcollect_outbox%'`) > 0
+WHERE db = DATABASE() AND id <> ? AND command = 'Query' AND info LIKE 'INSERT INTO stepcollect_outbox%'`, blocker) > 0
 	})
 	return ok
 }
