@@ -47,9 +47,17 @@ const (
 	apiUsername = "nanocmd"
 	apiRealm    = "nanocmd"
 
-	// maxWebhookBody bounds a webhook body read for its HMAC (stepcollect's
-	// api default; MDM results can be large).
+	// maxWebhookBody bounds a webhook body (stepcollect's api default; MDM
+	// results can be large).
 	maxWebhookBody = 32 << 20
+	// readTimeout bounds the arrival of a request, headers and body, as
+	// the api's request timeout does: a client that sends headers and then
+	// nothing, or trickles, holds a connection no longer than this. It ends
+	// with the body: net/http clears it once the body is read, so a handler
+	// may run longer without its request being cancelled.
+	readTimeout = 2 * time.Minute
+	// idleTimeout closes a kept-alive connection with no request on it.
+	idleTimeout = 2 * time.Minute
 )
 
 // Server is one cmd/nanocmd process.
@@ -139,9 +147,7 @@ func New(ctx context.Context, cfg *Config, logger log.Logger, zl zerolog.Logger)
 	if cfg.DumpWebhook {
 		h = httpcmd.DumpHandler(h, os.Stdout)
 	}
-	if cfg.WebhookHMACKey != "" {
-		h = verifyHMAC(h, []byte(cfg.WebhookHMACKey), logger.With("handler", "webhook"))
-	}
+	h = webhookBody(h, []byte(cfg.WebhookHMACKey), maxWebhookBody, readTimeout, logger.With("handler", "webhook"))
 	mux.Handle("/webhook", m.InstrumentHandler("webhook", h))
 
 	if cfg.APIKey != "" {
@@ -191,7 +197,7 @@ func (s *Server) Run(ctx context.Context) error {
 		defer func() { stop(); <-h.Done() }()
 	}
 
-	srv := &http.Server{Handler: s.handler, ReadHeaderTimeout: 30 * time.Second}
+	srv := &http.Server{Handler: s.handler, ReadHeaderTimeout: 30 * time.Second, ReadTimeout: readTimeout, IdleTimeout: idleTimeout}
 	shutDown := make(chan struct{})
 	go func() {
 		defer close(shutDown)
@@ -295,27 +301,50 @@ func handleAPI(mux *flow.Mux, m *metrics.HTTP, key string, logger log.Logger, e 
 	group("cmdplan", func(mux *flow.Mux) { cmdplanhttp.HandleAPIv1("/v1", mux, logger, st.cmdplan) })
 }
 
-// verifyHMAC refuses (401) a webhook body without NanoMDM's
-// X-Hmac-Signature (standard base64 of HMAC-SHA256 over the body) for key.
-func verifyHMAC(next http.Handler, key []byte, logger log.Logger) http.Handler {
+// webhookBody reads a webhook's whole body, at most maxBody bytes,
+// before NanoCMD's handler sees it: that handler decodes a body of any size,
+// so one request could otherwise take all the memory, and the process with
+// it every result in flight. A larger body is answered 413 naming the limit
+// (unread when its Content-Length says so). With key, a body without
+// NanoMDM's X-Hmac-Signature (standard base64 of HMAC-SHA256 over the body)
+// is answered 401. A body not whole within the server's ReadTimeout
+// (readTimeout) is answered 408.
+func webhookBody(next http.Handler, key []byte, maxBody int64, readTimeout time.Duration, logger log.Logger) http.Handler {
+	tooLarge := fmt.Sprintf("webhook body over %d bytes", maxBody)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxWebhookBody))
+		if r.ContentLength > maxBody {
+			// not read: net/http closes the connection instead of draining it
+			w.Header().Set("Connection", "close")
+			http.Error(w, tooLarge, http.StatusRequestEntityTooLarge)
+			return
+		}
+		// grown as bytes arrive, never sized from what the client declared
+		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
 		if err != nil {
-			var tooLarge *http.MaxBytesError
-			if errors.As(err, &tooLarge) {
-				http.Error(w, fmt.Sprintf("webhook body over %d bytes", maxWebhookBody), http.StatusRequestEntityTooLarge)
+			// net/http would read what is left of the body before it
+			// answers on a connection it keeps
+			w.Header().Set("Connection", "close")
+			var mbe *http.MaxBytesError
+			if errors.As(err, &mbe) {
+				http.Error(w, tooLarge, http.StatusRequestEntityTooLarge)
+				return
+			}
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				http.Error(w, fmt.Sprintf("webhook body not received within %v", readTimeout), http.StatusRequestTimeout)
 				return
 			}
 			http.Error(w, "reading webhook body: "+err.Error(), http.StatusBadRequest)
 			return
 		}
-		sig, err := base64.StdEncoding.DecodeString(r.Header.Get("X-Hmac-Signature"))
-		mac := hmac.New(sha256.New, key)
-		mac.Write(body)
-		if err != nil || !hmac.Equal(sig, mac.Sum(nil)) {
-			logger.Info(logkeys.Message, "webhook HMAC", logkeys.Error, "X-Hmac-Signature missing or wrong")
-			http.Error(w, "X-Hmac-Signature: missing or wrong (-webhook-hmac-key)", http.StatusUnauthorized)
-			return
+		if len(key) > 0 {
+			sig, err := base64.StdEncoding.DecodeString(r.Header.Get("X-Hmac-Signature"))
+			mac := hmac.New(sha256.New, key)
+			mac.Write(body)
+			if err != nil || !hmac.Equal(sig, mac.Sum(nil)) {
+				logger.Info(logkeys.Message, "webhook HMAC", logkeys.Error, "X-Hmac-Signature missing or wrong")
+				http.Error(w, "X-Hmac-Signature: missing or wrong (-webhook-hmac-key)", http.StatusUnauthorized)
+				return
+			}
 		}
 		r.Body = io.NopCloser(bytes.NewReader(body))
 		next.ServeHTTP(w, r)

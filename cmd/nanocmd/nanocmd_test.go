@@ -1,10 +1,12 @@
 package main_test
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"strings"
@@ -175,6 +177,35 @@ func TestAWebhookWithoutTheHMACIsRefused(t *testing.T) {
 	}
 	if code, _ := s.do(t, "GET", "/v1/inventory?id=DEV-1", false); code != http.StatusUnauthorized {
 		t.Errorf("inventory without the API key: %d, want 401", code)
+	}
+}
+
+// Without -webhook-hmac-key too, a webhook body over 32 MiB is refused
+// with a 413 naming the limit before NanoCMD's handler decodes any of it
+// (that handler reads a body of any size), unread when its Content-Length
+// says so; the next webhook is answered as before.
+func TestAWebhookBodyOverTheLimitIsRefusedWithoutAKey(t *testing.T) {
+	db := testkit.NewDB(t, &testkit.DBOptions{Empty: true})
+	s := startMySQL(t, db, "-webhook-hmac-key", "")
+	// declared, never sent: answered at once
+	c, err := net.Dial("tcp", strings.TrimPrefix(s.base, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(15 * time.Second))
+	fmt.Fprintf(c, "POST /webhook HTTP/1.1\r\nHost: nanocmd\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n", 32<<20+1)
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("a webhook declaring 32 MiB + 1 byte: %v, want a 413", err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if want := "webhook body over 33554432 bytes"; resp.StatusCode != http.StatusRequestEntityTooLarge || strings.TrimSpace(string(b)) != want {
+		t.Errorf("a webhook declaring 32 MiB + 1 byte: %d %q, want 413 %q", resp.StatusCode, b, want)
+	}
+	if err := answer(webhook.New(s.base+"/webhook"), "DEV-1", enqueued{"U-1", "DeviceInformation"}); err != nil {
+		t.Errorf("an unsigned webhook without a key (a command no workflow sent): %v, want 200", err)
 	}
 }
 

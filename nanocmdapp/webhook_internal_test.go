@@ -1,0 +1,198 @@
+package nanocmdapp
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/micromdm/nanolib/log"
+)
+
+// bodyServer serves webhookBody in front of a handler that records the
+// bodies it is given.
+type bodyServer struct {
+	*httptest.Server
+	reached atomic.Int32
+	last    atomic.Value // []byte
+}
+
+// testMaxBody is the limit the tests serve: the real one's 32 MiB would
+// take seconds to send under -race.
+const testMaxBody = 64 << 10
+
+func newBodyServer(t *testing.T, key []byte, timeout time.Duration) *bodyServer {
+	t.Helper()
+	s := &bodyServer{}
+	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		s.last.Store(b)
+		s.reached.Add(1)
+	})
+	s.Server = httptest.NewUnstartedServer(webhookBody(next, key, testMaxBody, timeout, log.NopLogger))
+	s.Config.ReadTimeout = timeout
+	s.Start()
+	t.Cleanup(s.Close)
+	return s
+}
+
+// raw sends head (the request line and headers, without the blank line),
+// then whatever send writes, and returns the status line and body of the
+// answer, read within 15 s.
+func (s *bodyServer) raw(t *testing.T, head string, send func(io.Writer)) (string, string) {
+	t.Helper()
+	c, err := net.Dial("tcp", s.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(15 * time.Second))
+	if _, err := io.WriteString(c, head+"\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	if send != nil {
+		// the server may answer and close before all of it is written
+		go send(c)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("reading the answer: %v", err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.Status, strings.TrimSpace(string(b))
+}
+
+func TestWebhookBodyOverTheLimitIsRefusedBeforeNanoCMDsHandler(t *testing.T) {
+	over := fmt.Sprintf("webhook body over %d bytes", testMaxBody)
+	for _, key := range [][]byte{nil, []byte("key")} {
+		s := newBodyServer(t, key, time.Minute)
+		t.Run(fmt.Sprintf("key %q, declared and never sent", key), func(t *testing.T) {
+			// answered at once, without waiting for a byte of it
+			status, body := s.raw(t, fmt.Sprintf("POST /webhook HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d", testMaxBody+1), nil)
+			if !strings.HasPrefix(status, "413") || body != over {
+				t.Errorf("got %s %q, want 413 %q", status, body, over)
+			}
+		})
+		t.Run(fmt.Sprintf("key %q, chunked", key), func(t *testing.T) {
+			status, body := s.raw(t, "POST /webhook HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked", func(w io.Writer) {
+				cw := httputil.NewChunkedWriter(w)
+				chunk := bytes.Repeat([]byte("A"), 4<<10)
+				for i := 0; i <= testMaxBody/len(chunk); i++ {
+					if _, err := cw.Write(chunk); err != nil {
+						return
+					}
+				}
+			})
+			if !strings.HasPrefix(status, "413") || body != over {
+				t.Errorf("got %s %q, want 413 %q", status, body, over)
+			}
+		})
+		if n := s.reached.Load(); n != 0 {
+			t.Errorf("key %q: NanoCMD's handler was reached %d times", key, n)
+		}
+	}
+}
+
+// A client that declares a body and sends part of it is answered 408 once
+// the body's time is up, and NanoCMD's handler never sees it.
+func TestWebhookBodyNotReceivedInTimeIsRefused(t *testing.T) {
+	s := newBodyServer(t, nil, 300*time.Millisecond)
+	start := time.Now()
+	status, body := s.raw(t, "POST /webhook HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100", func(w io.Writer) {
+		io.WriteString(w, `{"topic":`)
+	})
+	if !strings.HasPrefix(status, "408") || body != "webhook body not received within 300ms" {
+		t.Errorf("got %s %q, want 408 naming the time", status, body)
+	}
+	if took := time.Since(start); took > 10*time.Second {
+		t.Errorf("answered after %v", took)
+	}
+	if n := s.reached.Load(); n != 0 {
+		t.Errorf("NanoCMD's handler was reached %d times", n)
+	}
+}
+
+// A body within the limit reaches NanoCMD's handler whole; with a key, only
+// with NanoMDM's signature over it.
+func TestWebhookBodyWithinTheLimitReachesNanoCMDsHandler(t *testing.T) {
+	key := []byte("key")
+	body := []byte(`{"topic":"mdm.Connect","acknowledge_event":{"udid":"DEV-1"}}`)
+	mac := hmac.New(sha256.New, key)
+	mac.Write(body)
+	signed := base64.StdEncoding.EncodeToString(mac.Sum(nil))
+	for _, tc := range []struct {
+		name      string
+		key       []byte
+		signature string
+		want      int
+	}{
+		{"no key", nil, "", http.StatusOK},
+		{"signed", key, signed, http.StatusOK},
+		{"unsigned", key, "", http.StatusUnauthorized},
+		{"wrong signature", key, base64.StdEncoding.EncodeToString([]byte("wrong")), http.StatusUnauthorized},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newBodyServer(t, tc.key, time.Minute)
+			req, _ := http.NewRequest("POST", s.URL+"/webhook", bytes.NewReader(body))
+			if tc.signature != "" {
+				req.Header.Set("X-Hmac-Signature", tc.signature)
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != tc.want {
+				t.Fatalf("status %d, want %d", resp.StatusCode, tc.want)
+			}
+			reached := s.reached.Load() == 1
+			if reached != (tc.want == http.StatusOK) {
+				t.Fatalf("NanoCMD's handler reached: %v", reached)
+			}
+			if reached {
+				if got, _ := s.last.Load().([]byte); !bytes.Equal(got, body) {
+					t.Errorf("NanoCMD's handler got %q, want %q", got, body)
+				}
+			}
+		})
+	}
+}
+
+// The server's ReadTimeout ends with the body (net/http clears it once the
+// body is read): NanoCMD's handler may run past it (a slow database,
+// NanoMDM's enqueue API) without its request being cancelled.
+func TestWebhookHandlerOutlivesTheReadTimeout(t *testing.T) {
+	var ctxErr atomic.Value
+	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.ReadAll(r.Body)
+		time.Sleep(600 * time.Millisecond)
+		ctxErr.Store(fmt.Sprint(r.Context().Err()))
+	})
+	srv := httptest.NewUnstartedServer(webhookBody(next, nil, testMaxBody, 200*time.Millisecond, log.NopLogger))
+	srv.Config.ReadTimeout = 200 * time.Millisecond
+	srv.Start()
+	defer srv.Close()
+	resp, err := http.Post(srv.URL+"/webhook", "application/json", strings.NewReader(`{"topic":"mdm.Connect"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("status %d, want 200", resp.StatusCode)
+	}
+	if got := ctxErr.Load(); got != "<nil>" {
+		t.Errorf("the handler's context after the read timeout: %v, want not cancelled", got)
+	}
+}
