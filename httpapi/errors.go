@@ -10,6 +10,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/stepcollect/stepcollect/internal/bodyadmit"
 	"github.com/stepcollect/stepcollect/storage"
 )
 
@@ -41,12 +42,12 @@ func writeError(w http.ResponseWriter, r *http.Request, status int, msg string) 
 // every change is one transaction.
 func statusOf(err error) int {
 	var mbe *http.MaxBytesError
-	var be *bodyError
+	var be *bodyadmit.Error
 	switch {
 	case errors.As(err, &mbe):
 		return http.StatusRequestEntityTooLarge
 	case errors.As(err, &be):
-		return be.status
+		return be.Status
 	case storage.ErrorCode(err) == storage.EInvalid:
 		return http.StatusBadRequest
 	case storage.ErrorCode(err) == storage.ETooLarge:
@@ -67,7 +68,7 @@ func respondError(w http.ResponseWriter, r *http.Request, err error, what string
 	switch {
 	case errors.As(err, &mbe):
 		writeError(w, r, status, fmt.Sprintf("body: larger than the %d-byte limit (-max-body-bytes)", mbe.Limit))
-	case errors.As(err, new(*bodyError)):
+	case errors.As(err, new(*bodyadmit.Error)):
 		writeError(w, r, status, err.Error())
 	case status == http.StatusServiceUnavailable:
 		zerolog.Ctx(r.Context()).Error().Err(err).Msg(what)

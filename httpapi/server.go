@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/rs/zerolog"
 
+	"github.com/stepcollect/stepcollect/internal/bodyadmit"
 	"github.com/stepcollect/stepcollect/metrics"
 	"github.com/stepcollect/stepcollect/storage"
 )
@@ -96,7 +97,7 @@ type Server struct {
 	cfg        Config
 	dumpMu     sync.Mutex // one body per line however many arrive at once
 	mux        *http.ServeMux
-	budget     *bodyBudget
+	body       *bodyadmit.Admitter
 	stepLimits stepLimits
 }
 
@@ -142,7 +143,11 @@ func New(cfg Config) *Server {
 	if cfg.Metrics != nil {
 		gauge = cfg.Metrics.InflightBodyBytes
 	}
-	s := &Server{cfg: cfg, mux: http.NewServeMux(), budget: newBodyBudget(cfg.MaxInflightBodyBytes, gauge), stepLimits: lim}
+	s := &Server{cfg: cfg, mux: http.NewServeMux(), stepLimits: lim, body: bodyadmit.New(bodyadmit.Config{
+		MaxBody: cfg.MaxBody, Budget: cfg.MaxInflightBodyBytes, Timeout: cfg.BodyTimeout,
+		Grace: cfg.BodyGrace, MinRate: cfg.MinBodyRate,
+		BudgetName: "the in-flight body budget (-max-inflight-body-bytes)", Gauge: gauge,
+	})}
 	s.handle("POST /webhook", "webhook", s.withBody(s.webhook))
 	s.handle("POST /v1/steps", "enqueue_step", s.auth(s.withBody(s.enqueueStep)))
 	s.handle("GET /v1/steps/{step_id}", "step_status", s.auth(s.stepStatus))

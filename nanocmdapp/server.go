@@ -39,6 +39,7 @@ import (
 	"github.com/micromdm/nanolib/log"
 	"github.com/rs/zerolog"
 
+	"github.com/stepcollect/stepcollect/internal/bodyadmit"
 	"github.com/stepcollect/stepcollect/internal/version"
 	"github.com/stepcollect/stepcollect/metrics"
 )
@@ -50,11 +51,15 @@ const (
 	// maxWebhookBody bounds a webhook body (stepcollect's api default; MDM
 	// results can be large).
 	maxWebhookBody = 32 << 20
+	// webhookBodyBudget is the working memory of the webhook bodies read
+	// and decoded at once (the api's default -max-inflight-body-bytes).
+	webhookBodyBudget = 256 << 20
 	// readTimeout bounds the arrival of a request, headers and body, as
 	// the api's request timeout does: a client that sends headers and then
 	// nothing, or trickles, holds a connection no longer than this. It ends
 	// with the body: net/http clears it once the body is read, so a handler
-	// may run longer without its request being cancelled.
+	// may run longer without its request being cancelled. It is also the
+	// longest a webhook body waits for its share of the budget.
 	readTimeout = 2 * time.Minute
 	// idleTimeout closes a kept-alive connection with no request on it.
 	idleTimeout = 2 * time.Minute
@@ -147,7 +152,8 @@ func New(ctx context.Context, cfg *Config, logger log.Logger, zl zerolog.Logger)
 	if cfg.DumpWebhook {
 		h = httpcmd.DumpHandler(h, os.Stdout)
 	}
-	h = webhookBody(h, []byte(cfg.WebhookHMACKey), maxWebhookBody, readTimeout, logger.With("handler", "webhook"))
+	bodies := bodyadmit.New(bodyadmit.Config{MaxBody: maxWebhookBody, Budget: webhookBodyBudget, Timeout: readTimeout})
+	h = webhookBody(h, []byte(cfg.WebhookHMACKey), bodies, maxWebhookBody, logger.With("handler", "webhook"))
 	mux.Handle("/webhook", m.InstrumentHandler("webhook", h))
 
 	if cfg.APIKey != "" {
@@ -301,39 +307,36 @@ func handleAPI(mux *flow.Mux, m *metrics.HTTP, key string, logger log.Logger, e 
 	group("cmdplan", func(mux *flow.Mux) { cmdplanhttp.HandleAPIv1("/v1", mux, logger, st.cmdplan) })
 }
 
-// webhookBody reads a webhook's whole body, at most maxBody bytes,
-// before NanoCMD's handler sees it: that handler decodes a body of any size,
-// so one request could otherwise take all the memory, and the process with
-// it every result in flight. A larger body is answered 413 naming the limit
-// (unread when its Content-Length says so). With key, a body without
+// webhookBody reads a webhook's whole body before NanoCMD's handler sees
+// it, as the api reads its own (internal/bodyadmit): at most the limit, at
+// a minimum pace once it is large, under the in-flight body budget. That
+// handler decodes a body of any size, so requests could otherwise take all
+// the memory, and the process with it every result in flight. A larger
+// body is answered 413 naming the limit (unread when its Content-Length
+// says so); one that arrives too slowly 408. With key, a body without
 // NanoMDM's X-Hmac-Signature (standard base64 of HMAC-SHA256 over the body)
-// is answered 401. A body not whole within the server's ReadTimeout
-// (readTimeout) is answered 408.
-func webhookBody(next http.Handler, key []byte, maxBody int64, readTimeout time.Duration, logger log.Logger) http.Handler {
+// is answered 401.
+func webhookBody(next http.Handler, key []byte, bodies *bodyadmit.Admitter, maxBody int64, logger log.Logger) http.Handler {
 	tooLarge := fmt.Sprintf("webhook body over %d bytes", maxBody)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.ContentLength > maxBody {
-			// not read: net/http closes the connection instead of draining it
-			w.Header().Set("Connection", "close")
-			http.Error(w, tooLarge, http.StatusRequestEntityTooLarge)
-			return
+		body, release, err := bodies.Admit(w, r)
+		if release != nil {
+			defer release()
 		}
-		// grown as bytes arrive, never sized from what the client declared
-		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
 		if err != nil {
 			// net/http would read what is left of the body before it
 			// answers on a connection it keeps
 			w.Header().Set("Connection", "close")
 			var mbe *http.MaxBytesError
-			if errors.As(err, &mbe) {
+			var be *bodyadmit.Error
+			switch {
+			case errors.As(err, &mbe):
 				http.Error(w, tooLarge, http.StatusRequestEntityTooLarge)
-				return
+			case errors.As(err, &be):
+				http.Error(w, "webhook "+be.Msg, be.Status)
+			default:
+				http.Error(w, "webhook body: "+err.Error(), http.StatusBadRequest)
 			}
-			if errors.Is(err, os.ErrDeadlineExceeded) {
-				http.Error(w, fmt.Sprintf("webhook body not received within %v", readTimeout), http.StatusRequestTimeout)
-				return
-			}
-			http.Error(w, "reading webhook body: "+err.Error(), http.StatusBadRequest)
 			return
 		}
 		if len(key) > 0 {

@@ -13,11 +13,14 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/micromdm/nanolib/log"
+
+	"github.com/stepcollect/stepcollect/internal/bodyadmit"
 )
 
 // bodyServer serves webhookBody in front of a handler that records the
@@ -40,7 +43,8 @@ func newBodyServer(t *testing.T, key []byte, timeout time.Duration) *bodyServer 
 		s.last.Store(b)
 		s.reached.Add(1)
 	})
-	s.Server = httptest.NewUnstartedServer(webhookBody(next, key, testMaxBody, timeout, log.NopLogger))
+	bodies := bodyadmit.New(bodyadmit.Config{MaxBody: testMaxBody, Budget: 4 * testMaxBody, Timeout: timeout, Grace: timeout})
+	s.Server = httptest.NewUnstartedServer(webhookBody(next, key, bodies, testMaxBody, log.NopLogger))
 	s.Config.ReadTimeout = timeout
 	s.Start()
 	t.Cleanup(s.Close)
@@ -113,8 +117,8 @@ func TestWebhookBodyNotReceivedInTimeIsRefused(t *testing.T) {
 	status, body := s.raw(t, "POST /webhook HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100", func(w io.Writer) {
 		io.WriteString(w, `{"topic":`)
 	})
-	if !strings.HasPrefix(status, "408") || body != "webhook body not received within 300ms" {
-		t.Errorf("got %s %q, want 408 naming the time", status, body)
+	if want := "webhook body: arrived too slowly (9 bytes in; a body must arrive at 262144 bytes/s after its first 300ms)"; !strings.HasPrefix(status, "408") || body != want {
+		t.Errorf("got %s %q, want 408 %q", status, body, want)
 	}
 	if took := time.Since(start); took > 10*time.Second {
 		t.Errorf("answered after %v", took)
@@ -180,7 +184,8 @@ func TestWebhookHandlerOutlivesTheReadTimeout(t *testing.T) {
 		time.Sleep(600 * time.Millisecond)
 		ctxErr.Store(fmt.Sprint(r.Context().Err()))
 	})
-	srv := httptest.NewUnstartedServer(webhookBody(next, nil, testMaxBody, 200*time.Millisecond, log.NopLogger))
+	bodies := bodyadmit.New(bodyadmit.Config{MaxBody: testMaxBody, Budget: 4 * testMaxBody, Timeout: time.Minute})
+	srv := httptest.NewUnstartedServer(webhookBody(next, nil, bodies, testMaxBody, log.NopLogger))
 	srv.Config.ReadTimeout = 200 * time.Millisecond
 	srv.Start()
 	defer srv.Close()
@@ -194,5 +199,54 @@ func TestWebhookHandlerOutlivesTheReadTimeout(t *testing.T) {
 	}
 	if got := ctxErr.Load(); got != "<nil>" {
 		t.Errorf("the handler's context after the read timeout: %v, want not cancelled", got)
+	}
+}
+
+// Bodies are held under the budget while NanoCMD's handler runs: with a
+// budget that one body's decoding share fills, a second body waits for the
+// first handler to return, then goes through.
+func TestWebhookBodiesWaitForTheBudget(t *testing.T) {
+	inside := make(chan struct{}, 2)
+	release := make(chan struct{})
+	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		inside <- struct{}{}
+		<-release
+	})
+	bodies := bodyadmit.New(bodyadmit.Config{MaxBody: testMaxBody, Budget: testMaxBody, Timeout: time.Minute})
+	srv := httptest.NewServer(webhookBody(next, nil, bodies, testMaxBody, log.NopLogger))
+	defer srv.Close()
+	var once sync.Once
+	let := func() { once.Do(func() { close(release) }) }
+	defer let() // before srv.Close, which waits for the handlers
+	// 20 KiB, weighed 5 times over: the whole 64 KiB budget
+	body := bytes.Repeat([]byte("A"), 20<<10)
+	done := make(chan int, 2)
+	post := func() {
+		resp, err := http.Post(srv.URL+"/webhook", "application/json", bytes.NewReader(body))
+		if err != nil {
+			done <- 0
+			return
+		}
+		resp.Body.Close()
+		done <- resp.StatusCode
+	}
+	go post()
+	<-inside
+	go post()
+	select {
+	case <-inside:
+		t.Fatal("a second body reached NanoCMD's handler while the first held the whole budget")
+	case <-time.After(500 * time.Millisecond):
+	}
+	let()
+	select {
+	case <-inside:
+	case <-time.After(15 * time.Second):
+		t.Fatal("the second body did not reach NanoCMD's handler once the first was answered")
+	}
+	for range 2 {
+		if code := <-done; code != http.StatusOK {
+			t.Errorf("status %d, want 200", code)
+		}
 	}
 }
