@@ -7,8 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
-	"strings"
 
+	"github.com/stepcollect/stepcollect/internal/bodyadmit"
 	"github.com/stepcollect/stepcollect/internal/mdmplist"
 	"github.com/stepcollect/stepcollect/storage"
 )
@@ -233,15 +233,4 @@ func jsonProblem(err error) string {
 func invalid(msg string) error { return &storage.Error{Code: storage.EInvalid, Message: msg} }
 
 // oneLine keeps messages (which may quote input) on one line and bounded.
-func oneLine(s string) string {
-	s = strings.Map(func(r rune) rune {
-		if r == '\n' || r == '\r' || r < 0x20 {
-			return ' '
-		}
-		return r
-	}, s)
-	if len(s) > 200 {
-		s = s[:200] + "…"
-	}
-	return s
-}
+var oneLine = bodyadmit.OneLine

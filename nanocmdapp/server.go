@@ -153,7 +153,7 @@ func New(ctx context.Context, cfg *Config, logger log.Logger, zl zerolog.Logger)
 		h = httpcmd.DumpHandler(h, os.Stdout)
 	}
 	bodies := bodyadmit.New(bodyadmit.Config{MaxBody: maxWebhookBody, Budget: webhookBodyBudget, Timeout: readTimeout})
-	h = webhookBody(h, []byte(cfg.WebhookHMACKey), bodies, maxWebhookBody, logger.With("handler", "webhook"))
+	h = webhookBody(h, []byte(cfg.WebhookHMACKey), bodies, logger.With("handler", "webhook"))
 	mux.Handle("/webhook", m.InstrumentHandler("webhook", h))
 
 	if cfg.APIKey != "" {
@@ -316,8 +316,7 @@ func handleAPI(mux *flow.Mux, m *metrics.HTTP, key string, logger log.Logger, e 
 // says so); one that arrives too slowly 408. With key, a body without
 // NanoMDM's X-Hmac-Signature (standard base64 of HMAC-SHA256 over the body)
 // is answered 401.
-func webhookBody(next http.Handler, key []byte, bodies *bodyadmit.Admitter, maxBody int64, logger log.Logger) http.Handler {
-	tooLarge := fmt.Sprintf("webhook body over %d bytes", maxBody)
+func webhookBody(next http.Handler, key []byte, bodies *bodyadmit.Admitter, logger log.Logger) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, release, err := bodies.Admit(w, r)
 		if release != nil {
@@ -331,7 +330,7 @@ func webhookBody(next http.Handler, key []byte, bodies *bodyadmit.Admitter, maxB
 			var be *bodyadmit.Error
 			switch {
 			case errors.As(err, &mbe):
-				http.Error(w, tooLarge, http.StatusRequestEntityTooLarge)
+				http.Error(w, fmt.Sprintf("webhook body over %d bytes", mbe.Limit), http.StatusRequestEntityTooLarge)
 			case errors.As(err, &be):
 				http.Error(w, "webhook "+be.Msg, be.Status)
 			default:

@@ -44,7 +44,7 @@ func newBodyServer(t *testing.T, key []byte, timeout time.Duration) *bodyServer 
 		s.reached.Add(1)
 	})
 	bodies := bodyadmit.New(bodyadmit.Config{MaxBody: testMaxBody, Budget: 4 * testMaxBody, Timeout: timeout, Grace: timeout})
-	s.Server = httptest.NewUnstartedServer(webhookBody(next, key, bodies, testMaxBody, log.NopLogger))
+	s.Server = httptest.NewUnstartedServer(webhookBody(next, key, bodies, log.NopLogger))
 	s.Config.ReadTimeout = timeout
 	s.Start()
 	t.Cleanup(s.Close)
@@ -185,7 +185,7 @@ func TestWebhookHandlerOutlivesTheReadTimeout(t *testing.T) {
 		ctxErr.Store(fmt.Sprint(r.Context().Err()))
 	})
 	bodies := bodyadmit.New(bodyadmit.Config{MaxBody: testMaxBody, Budget: 4 * testMaxBody, Timeout: time.Minute})
-	srv := httptest.NewUnstartedServer(webhookBody(next, nil, bodies, testMaxBody, log.NopLogger))
+	srv := httptest.NewUnstartedServer(webhookBody(next, nil, bodies, log.NopLogger))
 	srv.Config.ReadTimeout = 200 * time.Millisecond
 	srv.Start()
 	defer srv.Close()
@@ -213,7 +213,7 @@ func TestWebhookBodiesWaitForTheBudget(t *testing.T) {
 		<-release
 	})
 	bodies := bodyadmit.New(bodyadmit.Config{MaxBody: testMaxBody, Budget: testMaxBody, Timeout: time.Minute})
-	srv := httptest.NewServer(webhookBody(next, nil, bodies, testMaxBody, log.NopLogger))
+	srv := httptest.NewServer(webhookBody(next, nil, bodies, log.NopLogger))
 	defer srv.Close()
 	var once sync.Once
 	let := func() { once.Do(func() { close(release) }) }

@@ -243,7 +243,7 @@ func (p *paced) failed(err error, got int64) error {
 	case p.declared > 0 && (errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF)):
 		return &Error{Status: http.StatusBadRequest, Msg: fmt.Sprintf("body: ended after %d of the %d bytes its Content-Length announced", got, p.declared)}
 	default:
-		return &Error{Status: http.StatusBadRequest, Msg: "body: could not be read whole: " + oneLine(err.Error())}
+		return &Error{Status: http.StatusBadRequest, Msg: "body: could not be read whole: " + OneLine(err.Error())}
 	}
 }
 
@@ -292,9 +292,9 @@ func (b *budget) observe(delta int64) {
 	}
 }
 
-// oneLine keeps a message (which may quote a read error) on one line and
-// bounded.
-func oneLine(s string) string {
+// OneLine keeps a message (which may quote input or a read error) on one
+// line and bounded; the api's messages use it too.
+func OneLine(s string) string {
 	s = strings.Map(func(r rune) rune {
 		if r < 0x20 {
 			return ' '
