@@ -94,6 +94,7 @@ const benchAPIKey = "bench-api-key"
 // Redis, the callback receiver, the real cmd/api and any number of real
 // cmd/worker processes, and an HTTP client with its connections open.
 type svcEnv struct {
+	timeline string // -timeline's file: the measured burst appends to it
 	bin      string
 	cfg      serverConfig
 	dsn      string

@@ -143,6 +143,7 @@ const (
 )
 
 type runner struct {
+	timeline  string // -timeline's file, or empty
 	bin       string
 	serverPID int
 	server    string
@@ -179,7 +180,7 @@ func main() {
 // startRunner opens the server (a private mariadbd unless -server names
 // one) and raw.jsonl.
 func startRunner(o *options) *runner {
-	r := &runner{bin: o.binDir, server: o.server, serverPID: o.serverPID}
+	r := &runner{bin: o.binDir, server: o.server, serverPID: o.serverPID, timeline: o.timeline}
 	if r.server == "" {
 		progress("starting a private mariadbd (max_connections 2000, binary log on, sync_binlog=1)")
 		srv, err := testha.RunMariaDB(testha.MariaDBConfig{

@@ -26,6 +26,7 @@ type options struct {
 	galera                       bool   // -galera: stepcollect's fan-out rows on a three-node Galera cluster too
 	group                        bool   // -group-replication: and on a three-member MySQL Group Replication group
 	pairs                        int    // -pairs: alternated floor and service runs where the goal compares them
+	timeline                     string // -timeline: where each service burst's CPU and answers over time are appended
 }
 
 // want reports whether -only asks for the row (or run) label.
@@ -133,6 +134,7 @@ func parseFlags() *options {
 	// median of three moved by more than any change it was to judge; four
 	// more pairs of each of four cells cost about two minutes on 2 CPUs
 	flag.IntVar(&o.pairs, "pairs", 7, "at N=3000 and 10000, one step, defaults and stricter: run the floor and the service this many times, alternated; the tables show the pair whose ratio is the median (1: once)")
+	flag.StringVar(&o.timeline, "timeline", "", "append every measured service burst's timeline to this file: every 50 ms, the webhooks answered and each process's CPU since the release (tab-separated, a # line per burst)")
 	flag.IntVar(&o.e2eN, "e2e-n", 3000, "enrollments of the end-to-end runs against NanoCMD v0.7.1's own server (0 skips them; -only e2e or -only dropin runs one alone)")
 	flag.IntVar(&o.e2eInflight, "e2e-inflight", 64, "enrollments answering at once in the end-to-end run (each answers its commands one after another)")
 	flag.StringVar(&o.mysqlDSN, "mysql-dsn", "", "also run the fan-out rows (floor, NanoCMD, storage, service) on this MySQL server (root DSN, no database), as settings \"MySQL defaults\", \"MySQL stricter\" and \"MySQL binlog\"")

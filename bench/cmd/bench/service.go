@@ -50,7 +50,9 @@ func (r *runner) serviceProfiled(cfg serverConfig, n int, control bool, profile 
 	// the warm-up's collection and the steps' creation leave purge behind,
 	// as the rows before this one do: the burst starts on a quiet server
 	r.settle()
+	e.timeline = r.timeline
 	b := e.burst(n, control, e.pids(serverPID))
+	e.timeline = ""
 	res := &fanout.Result{Config: fanout.Config{Impl: implService, Mode: fanout.ModeFanOut, N: n, Control: control, Pool: cfg.Pool},
 		Errors: b.errors, Server: cfg.Name, Completed: b.completed, WallMS: fanout.MS(b.wall), CPU: b.cpu}
 	res.P50MS, res.P99MS = fanout.Quantiles(b.lat)
@@ -211,9 +213,22 @@ func (e *svcEnv) burstBodies(bodies [][]byte, pids map[string]int) *burstResult 
 	}
 	before := cpuTimes(pids)
 	start := time.Now()
+	var tl *timeline
+	if e.timeline != "" && pids != nil {
+		tl = startTimeline(start, pids, before, func() int {
+			mu.Lock()
+			defer mu.Unlock()
+			return b.completed
+		})
+	}
 	close(release)
 	wg.Wait()
 	b.wall = time.Since(start)
+	if tl != nil {
+		if err := tl.write(e.timeline, n); err != nil {
+			progress("-timeline: %v", err)
+		}
+	}
 	b.cpu, b.pids, b.cpuStart = since(before, cpuTimes(pids)), pids, before
 	if b.lastOK.IsZero() {
 		b.lastOK = time.Now()
