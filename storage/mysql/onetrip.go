@@ -482,6 +482,29 @@ var errNoPrediction = errors.New("no prediction")
 // unqueue drops the writes queued so far.
 func (ct *connTx) unqueue() { ct.stmts, ct.whats, ct.args = nil, nil, nil }
 
+// seed keeps the shape of a step this process just stored: every
+// enrollment of it holds these commands, all outstanding. Without it the
+// shape was learned from the step's first committed result, and every
+// result already in flight by then took the two round trips: at a
+// fan-out's release, the first hundred or so (a quarter of the results
+// of the burst's first 250 ms ran a locking read, a twentieth after it,
+// docs/bench/pairs-2026-12-05c). Like every hint it is only a
+// prediction, which the guard checks.
+func (h *hints) seed(stepID int64, cmds []nanostorage.StepCommandRaw) {
+	if h.off || stepID == 0 || len(cmds) == 0 {
+		return
+	}
+	shape := stepShape{stepID: stepID, rows: make([]hintRow, len(cmds))}
+	for i, c := range cmds {
+		shape.rows[i] = hintRow{commandUUID: c.CommandUUID, requestType: c.RequestType}
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, r := range shape.rows {
+		h.shapes.put(r.commandUUID, shape)
+	}
+}
+
 // learn keeps what a committed completion showed: the step's shape, from
 // the enrollment's rows of it, and those rows with this result stored,
 // unless it completed the step (they are gone).

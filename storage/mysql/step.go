@@ -113,7 +113,34 @@ func (s *Storage) StoreStepID(ctx context.Context, step *nanostorage.StepEnqueui
 	if err != nil {
 		return 0, fmt.Errorf("storing step (workflow %s, instance %s, %d ids): %w", step.WorkflowName, step.InstanceID, len(step.IDs), dataError(err))
 	}
+	s.learnFanOut(ctx, stepID, step)
 	return stepID, nil
+}
+
+// learnFanOut readies this process to predict the first result of each
+// enrollment of a fan-out it just stored (hints.seed): the step's shape,
+// and its context as the server stored it, read back by key (the server's
+// copy is the one events carry, whatever its column made of the bytes
+// sent). One point read a step, instead of a locking read for every
+// result already in flight when the first one commits. A step of one
+// enrollment is left as it was: its result reads the step anyway. A read
+// that fails only leaves the hint unset.
+func (s *Storage) learnFanOut(ctx context.Context, stepID int64, step *nanostorage.StepEnqueuingWithConfig) {
+	if s.hints.off || len(step.IDs) < 2 || len(step.Commands) > predictMaxRows {
+		return
+	}
+	if _, ok := s.steps.get(stepID); !ok {
+		ctx, cancel := s.bounded(ctx)
+		defer cancel()
+		var sc nanostorage.StepContext
+		var name sql.NullString
+		if err := s.db.QueryRowContext(ctx, qGetStep, stepID).Scan(&sc.WorkflowName, &sc.InstanceID, &name, &sc.Context); err != nil {
+			return
+		}
+		sc.Name = name.String
+		s.steps.put(stepID, sc)
+	}
+	s.hints.seed(stepID, step.Commands)
 }
 
 // insertRawCommands stores a NotUntil step's raw commands, as many to a
