@@ -365,9 +365,14 @@ func lockEnrollmentStepRows(ctx context.Context, tx txn, id, commandUUID string)
 	return rows, nil
 }
 
+// rowQuerier is what readStep needs: a transaction, or the pool.
+type rowQuerier interface {
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
 // readStep reads step stepID's context. It never changes, so every
 // enrollment of a fan-out but the first finds it cached.
-func (s *Storage) readStep(ctx context.Context, tx txn, stepID int64) (nanostorage.StepContext, error) {
+func (s *Storage) readStep(ctx context.Context, tx rowQuerier, stepID int64) (nanostorage.StepContext, error) {
 	step, ok := s.steps.get(stepID)
 	if ok {
 		return step, nil

@@ -500,6 +500,11 @@ func (h *hints) seed(stepID int64, cmds []nanostorage.StepCommandRaw) {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	h.putShape(shape)
+}
+
+// putShape keeps shape under each of its commands. Called with h.mu held.
+func (h *hints) putShape(shape stepShape) {
 	for _, r := range shape.rows {
 		h.shapes.put(r.commandUUID, shape)
 	}
@@ -535,9 +540,7 @@ func (h *hints) learn(c *completion) {
 	for i, r := range c.rows {
 		shape.rows[i] = hintRow{commandUUID: r.commandUUID, requestType: r.requestType}
 	}
-	for _, r := range shape.rows {
-		h.shapes.put(r.commandUUID, shape)
-	}
+	h.putShape(shape)
 	if c.ret != nil {
 		return
 	}

@@ -129,16 +129,10 @@ func (s *Storage) learnFanOut(ctx context.Context, stepID int64, step *nanostora
 	if s.hints.off || len(step.IDs) < 2 || len(step.Commands) > predictMaxRows {
 		return
 	}
-	if _, ok := s.steps.get(stepID); !ok {
-		ctx, cancel := s.bounded(ctx)
-		defer cancel()
-		var sc nanostorage.StepContext
-		var name sql.NullString
-		if err := s.db.QueryRowContext(ctx, qGetStep, stepID).Scan(&sc.WorkflowName, &sc.InstanceID, &name, &sc.Context); err != nil {
-			return
-		}
-		sc.Name = name.String
-		s.steps.put(stepID, sc)
+	ctx, cancel := s.bounded(ctx)
+	defer cancel()
+	if _, err := s.readStep(ctx, s.db, stepID); err != nil {
+		return
 	}
 	s.hints.seed(stepID, step.Commands)
 }

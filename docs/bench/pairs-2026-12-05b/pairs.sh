@@ -1,8 +1,8 @@
 #!/bin/bash
-# usage: run.sh <rounds> <setting> <N> <label=bindir>...
+# usage: [FIRST=<round>] pairs.sh <rounds> <setting> <N> <label=bindir>...  (rounds FIRST, default 1, to <rounds>)
 rounds=$1; setting=$2; n=$3; shift 3
 out=/tmp/pairs/$setting-$n.txt
-for r in $(seq 1 $rounds); do
+for r in $(seq ${FIRST:-1} $rounds); do
   for lb in "$@"; do
     label=${lb%%=*}; bin=${lb#*=}
     d=/tmp/pairs/run-$label-$setting-$n-$r
