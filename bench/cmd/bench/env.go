@@ -34,13 +34,31 @@ func startProc(bin string, env []string, args ...string) (*proc, error) {
 	return p, p.cmd.Start()
 }
 
-// stop interrupts the process and waits for it. With BENCH_LOG_DIR set,
-// its output is kept there as <binary>-<pid>.log, for looking into a run.
+// stopGrace is how long stop waits for a process to exit after SIGINT
+// before it kills it. A binary that does not stop (a profiling wrapper
+// that does not pass the signal on, a shutdown that hangs) is reported and
+// killed, not waited for in silence until someone notices the run stalled.
+var stopGrace = time.Minute
+
+// stop interrupts the process and waits for it, at most stopGrace before
+// it kills it. With BENCH_LOG_DIR set, its output is kept there as
+// <binary>-<pid>.log, for looking into a run.
 func (p *proc) stop() {
 	if p.cmd.Process != nil && !p.stopped {
 		p.stopped = true
+		// a killed wrapper's children can hold its output pipe open:
+		// Wait then gives up on the pipe after this long
+		p.cmd.WaitDelay = 5 * time.Second
 		p.cmd.Process.Signal(os.Interrupt)
-		p.cmd.Wait()
+		exited := make(chan struct{})
+		go func() { p.cmd.Wait(); close(exited) }()
+		select {
+		case <-exited:
+		case <-time.After(stopGrace):
+			progress("%s (pid %d) did not exit within %s of SIGINT: killed", filepath.Base(p.cmd.Path), p.cmd.Process.Pid, stopGrace)
+			p.cmd.Process.Kill()
+			<-exited
+		}
 		if dir := os.Getenv("BENCH_LOG_DIR"); dir != "" {
 			name := fmt.Sprintf("%s-%d.log", filepath.Base(p.cmd.Path), p.cmd.Process.Pid)
 			if err := os.WriteFile(filepath.Join(dir, name), p.logs.Bytes(), 0o644); err != nil {
