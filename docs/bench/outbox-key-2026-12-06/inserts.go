@@ -77,16 +77,22 @@ var modes = map[string]mode{
 	"noheld": {fmt.Sprintf(outboxDDL, ""), outboxInsert, outboxArgs},
 	"autoinc": {`CREATE TABLE t (id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY, event_id VARCHAR(64) NOT NULL, enrollment_id VARCHAR(255), payload LONGBLOB NOT NULL)`,
 		`INSERT INTO t (event_id, enrollment_id, payload) VALUES (?, ?, ?)`,
-		func(_ int64, r []byte, p string) []any { return []any{hex.EncodeToString(r), hex.EncodeToString(r[:6]), p} }},
+		func(_ int64, r []byte, p string) []any {
+			return []any{hex.EncodeToString(r), hex.EncodeToString(r[:6]), p}
+		}},
 	"clientseq": {keyedDDL, keyedInsert,
-		func(k int64, r []byte, p string) []any { return []any{k, hex.EncodeToString(r), hex.EncodeToString(r[:6]), p} }},
+		func(k int64, r []byte, p string) []any {
+			return []any{k, hex.EncodeToString(r), hex.EncodeToString(r[:6]), p}
+		}},
 	"random": {keyedDDL, keyedInsert,
 		func(_ int64, r []byte, p string) []any {
 			return []any{int64(binary.LittleEndian.Uint64(r[8:]) >> 2), hex.EncodeToString(r), hex.EncodeToString(r[:6]), p}
 		}},
 	"shard8": {`CREATE TABLE t (shard TINYINT NOT NULL, id BIGINT NOT NULL AUTO_INCREMENT, event_id VARCHAR(64) NOT NULL, enrollment_id VARCHAR(255), payload LONGBLOB NOT NULL, PRIMARY KEY (shard, id), KEY (id))`,
 		`INSERT INTO t (shard, event_id, enrollment_id, payload) VALUES (?, ?, ?, ?)`,
-		func(_ int64, r []byte, p string) []any { return []any{int(r[7] % 8), hex.EncodeToString(r), hex.EncodeToString(r[:6]), p} }},
+		func(_ int64, r []byte, p string) []any {
+			return []any{int(r[7] % 8), hex.EncodeToString(r), hex.EncodeToString(r[:6]), p}
+		}},
 }
 
 const (
