@@ -65,6 +65,10 @@ type faultConnector struct {
 	stallBefore  string
 	stallCommits int
 	stalled      int
+	// timedOut counts the connections, statements and COMMITs that were
+	// not held and failed all the same with their try's context ended: a
+	// try that outran its bound on a slow machine, retried as a held one is.
+	timedOut int
 }
 
 func newFaultDB(t *testing.T, db *testkit.DB, multi bool) (*sql.DB, *faultConnector) {
@@ -95,6 +99,28 @@ func (c *faultConnector) arm(set func(*faultConnector)) {
 func (c *faultConnector) Driver() driver.Driver { return c.base.Driver() }
 
 func (c *faultConnector) Connect(ctx context.Context) (driver.Conn, error) {
+	conn, err := c.connect(ctx)
+	c.noteTimeout(ctx, err)
+	return conn, err
+}
+
+// noteTimeout counts err if it ended a call nothing held, by its context.
+func (c *faultConnector) noteTimeout(ctx context.Context, err error) {
+	if err != nil && ctx.Err() != nil {
+		c.mu.Lock()
+		c.timedOut++
+		c.mu.Unlock()
+	}
+}
+
+// timeouts is how many calls nothing held ended with their try's context.
+func (c *faultConnector) timeouts() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.timedOut
+}
+
+func (c *faultConnector) connect(ctx context.Context) (driver.Conn, error) {
 	conn, err := c.base.Connect(ctx)
 	if err != nil {
 		return nil, err
@@ -189,6 +215,7 @@ type faultConn struct {
 func (f *faultConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
 	tx, err := f.Conn.(driver.ConnBeginTx).BeginTx(ctx, opts)
 	if err != nil {
+		f.c.noteTimeout(ctx, err)
 		return nil, err
 	}
 	return &faultTx{Tx: tx, c: f.c, f: f, ctx: ctx}, nil
@@ -213,13 +240,24 @@ func (f *faultConn) ExecContext(ctx context.Context, query string, args []driver
 	if f.c.takeStall(query) {
 		return nil, f.silent(ctx)
 	}
+	res, held, err := f.execContext(ctx, query, args)
+	if !held {
+		f.c.noteTimeout(ctx, err)
+	}
+	return res, err
+}
+
+// execContext is ExecContext past the faults taken before a statement
+// runs; held says its COMMIT was held (stallCommits).
+func (f *faultConn) execContext(ctx context.Context, query string, args []driver.NamedValue) (_ driver.Result, held bool, _ error) {
 	exec := f.Conn.(driver.ExecerContext).ExecContext
 	stmts, commits := strings.CutSuffix(query, "; COMMIT")
 	// The routines (procedure.go) begin, run and commit a transaction in
 	// one CALL.
 	called := strings.HasPrefix(query, "CALL stepcollect_")
 	if !commits && !called {
-		return exec(ctx, query, args)
+		res, err := exec(ctx, query, args)
+		return res, false, err
 	}
 	// A COMMIT sent with the statements before it: the same faults as
 	// faultTx.Commit's.
@@ -241,34 +279,34 @@ func (f *faultConn) ExecContext(ctx context.Context, query string, args []driver
 		// nothing reached the server, and the connection the server saw
 		// go rolled back what it held
 		if _, err := exec(ctx, "ROLLBACK", nil); err != nil {
-			return nil, err
+			return nil, false, err
 		}
 	case fault != nil:
 		// the statements ran and the server answered no to COMMIT
 		if _, err := exec(ctx, stmts+"; ROLLBACK", args); err != nil {
-			return nil, err
+			return nil, false, err
 		}
 	}
 	if fault != nil {
 		if between != nil {
 			between()
 		}
-		return nil, fault
+		return nil, false, fault
 	}
 	res, err := exec(ctx, query, args)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	if f.c.takeStalledCommit() {
-		return nil, f.silent(ctx)
+		return nil, true, f.silent(ctx)
 	}
 	if f.c.takeLostCommit() {
 		if between != nil {
 			between()
 		}
-		return nil, mysql.ErrInvalidConn // committed, but the client never heard
+		return nil, false, mysql.ErrInvalidConn // committed, but the client never heard
 	}
-	return res, nil
+	return res, false, nil
 }
 
 func (f *faultConn) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
@@ -279,7 +317,9 @@ func (f *faultConn) QueryContext(ctx context.Context, query string, args []drive
 	if f.c.takeStall(query) {
 		return nil, f.silent(ctx)
 	}
-	return f.Conn.(driver.QueryerContext).QueryContext(ctx, query, args)
+	rows, err := f.Conn.(driver.QueryerContext).QueryContext(ctx, query, args)
+	f.c.noteTimeout(ctx, err)
+	return rows, err
 }
 
 func (f *faultConn) PrepareContext(ctx context.Context, query string) (driver.Stmt, error) {
@@ -317,6 +357,7 @@ func (t *faultTx) Commit() error {
 		return fault
 	}
 	if err := t.Tx.Commit(); err != nil {
+		t.c.noteTimeout(t.ctx, err)
 		return err
 	}
 	if t.c.takeStalledCommit() {
@@ -558,7 +599,9 @@ func TestASilentServerCostsOneTryNotTheRequest(t *testing.T) {
 }
 
 func aSilentServerCostsOneTry(t *testing.T, multi completionPath) {
-	const bound = 300 * time.Millisecond
+	// far above what a try takes, even on a busy machine: a try that
+	// outruns it all the same is counted below
+	const bound = time.Second
 	b, fc := setupFaultyPath(t, multi, stepmysql.WithOutbox(), stepmysql.WithAttemptTimeout(bound))
 	ctx := t.Context()
 	step := b.storedOn(t, multi, "silent", 1, 2)
@@ -592,8 +635,13 @@ func aSilentServerCostsOneTry(t *testing.T, multi completionPath) {
 	if fc.stalled != 2 {
 		t.Fatalf("%d statements held, want 2: the fault never happened", fc.stalled)
 	}
-	if retries, _ := b.obs.snapshot(); retries["store command result/connection"] != 2 {
-		t.Errorf("retries %v, want two connection retries", retries)
+	// one retry a held statement, and one for each try that outran the
+	// bound on its own (CI once saw a third on MySQL 9.7 under load)
+	slow := fc.timeouts()
+	if retries, _ := b.obs.snapshot(); retries["store command result/connection"] != 2+slow {
+		t.Errorf("retries %v, want %d connection retries: one for each of the 2 held statements and of the %d tries that outran the bound on their own", retries, 2+slow, slow)
+	} else if slow > 0 {
+		t.Logf("tries that outran the %v bound on their own, and were retried: %d", bound, slow)
 	}
 	var events int
 	if err := b.db.DB.QueryRow("SELECT COUNT(*) FROM stepcollect_outbox").Scan(&events); err != nil || events != 1 {
