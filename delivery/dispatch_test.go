@@ -87,16 +87,19 @@ func TestEventsADeadWorkerHeldAreDeliveredWhenItsLeaseLapses(t *testing.T) {
 	db, store := testkit.NewStorage(t, stepmysql.WithOutbox())
 	rcv := testkit.NewReceiver(t, testkit.ReceiverOptions{CompletionsOnly: true})
 	completions(t, store, "dead", 20)
-	// the dead worker: claims everything with a 1 s lease, then nothing
+	// the dead worker: claims everything with a 1 s lease, then nothing.
+	// The lease runs from a time the claim reads inside its transaction,
+	// so the clock starts before the call, not after it returns: CI once
+	// saw a claim on MySQL return at least 23 ms after its lease began.
+	claimStarted := time.Now()
 	held, err := store.ClaimDueEvents(t.Context(), 100, time.Second)
 	if err != nil || len(held) != 20 {
 		t.Fatalf("claimed %d, %v; want 20", len(held), err)
 	}
-	claimedAt := time.Now()
 	runDispatcher(t, delivery.DispatchConfig{}, rcv.URL, store)
 	awaitDelivered(t, rcv, 20, "the dead worker's 20 events delivered")
-	if took := time.Since(claimedAt); took < time.Second {
-		t.Errorf("delivered %v after the claim, before its 1 s lease ran out", took)
+	if took := time.Since(claimStarted); took < time.Second {
+		t.Errorf("delivered %v after the claim began, before its 1 s lease ran out", took)
 	}
 	for _, ev := range held {
 		if n := rcv.Times(ev.EventID); n != 1 {
