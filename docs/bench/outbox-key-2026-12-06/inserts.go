@@ -13,9 +13,9 @@
 // Modes, each n autocommitted statements, 64 at a time:
 //
 //	floor      UPDATE f SET v = v + 1 WHERE id = ?, the bench's floor
-//	outbox     INSERT into stepcollect_outbox as migration 00013 leaves it
-//	           (AUTO_INCREMENT key, unique event_id, outbox_held_at), a
-//	           640-byte payload
+//	outbox     INSERT into stepcollect_outbox as stepcollect's migrations
+//	           make it (AUTO_INCREMENT key, unique event_id,
+//	           outbox_held_at), a 640-byte payload
 //	noheld     the same without outbox_held_at
 //	autoinc    INSERT into a table of an AUTO_INCREMENT key, event_id,
 //	           enrollment_id and the payload, no other index
@@ -27,6 +27,7 @@
 package main
 
 import (
+	"context"
 	"crypto/rand"
 	"database/sql"
 	"encoding/binary"
@@ -43,52 +44,39 @@ import (
 	"time"
 
 	_ "github.com/go-sql-driver/mysql"
+
+	stepmysql "github.com/stepcollect/stepcollect/storage/mysql"
 )
 
-const outboxDDL = `CREATE TABLE t (
-    id            BIGINT        NOT NULL AUTO_INCREMENT PRIMARY KEY,
-    event_id      VARCHAR(64)   NOT NULL,
-    event_type    VARCHAR(32)   NOT NULL,
-    step_id       BIGINT        NOT NULL,
-    enrollment_id VARCHAR(255)  NULL,
-    payload       LONGBLOB      NOT NULL,
-    created_at    TIMESTAMP(6)  NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
-    attempts      INT           NOT NULL DEFAULT 0,
-    last_error    VARCHAR(1000) NULL,
-    lease_until   TIMESTAMP(6)  NULL DEFAULT '1970-01-02 00:00:00.000000',
-    held_at       TIMESTAMP(6)  NULL,
-    released_at   TIMESTAMP(6)  NULL,
-    retry_at      TIMESTAMP(6)  NULL,
-    UNIQUE KEY outbox_event_id (event_id)%s
-)`
-
 // a mode is its table and its statement; arg gives the statement's
-// parameters for the k-th statement (1-based) and 16 random bytes.
+// parameters for the k-th statement (1-based) and 16 random bytes. An
+// empty ddl is the outbox as stepcollect's own migrations make it, then
+// alter, if any.
 type mode struct {
-	ddl, stmt string
-	arg       func(k int64, r []byte, payload string) []any
+	ddl, alter, stmt string
+	arg              func(k int64, r []byte, payload string) []any
 }
 
 var modes = map[string]mode{
-	"floor": {`CREATE TABLE t (id INT NOT NULL PRIMARY KEY, v BIGINT NOT NULL DEFAULT 0)`,
+	"floor": {`CREATE TABLE t (id INT NOT NULL PRIMARY KEY, v BIGINT NOT NULL DEFAULT 0)`, "",
 		`UPDATE t SET v = v + 1 WHERE id = ?`,
 		func(k int64, _ []byte, _ string) []any { return []any{k} }},
-	"outbox": {fmt.Sprintf(outboxDDL, ",\n    KEY outbox_held_at (held_at)"), outboxInsert, outboxArgs},
-	"noheld": {fmt.Sprintf(outboxDDL, ""), outboxInsert, outboxArgs},
-	"autoinc": {`CREATE TABLE t (id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY, event_id VARCHAR(64) NOT NULL, enrollment_id VARCHAR(255), payload LONGBLOB NOT NULL)`,
+	"outbox": {"", "", outboxInsert, outboxArgs},
+	"noheld": {"", `ALTER TABLE stepcollect_outbox DROP INDEX outbox_held_at`, outboxInsert, outboxArgs},
+	"autoinc": {`CREATE TABLE t (id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY, event_id VARCHAR(64) NOT NULL, enrollment_id VARCHAR(255), payload LONGBLOB NOT NULL)`, "",
 		`INSERT INTO t (event_id, enrollment_id, payload) VALUES (?, ?, ?)`,
 		func(_ int64, r []byte, p string) []any {
 			return []any{hex.EncodeToString(r), hex.EncodeToString(r[:6]), p}
 		}},
-	"clientseq": {keyedDDL, keyedInsert,
+	"clientseq": {keyedDDL, "", keyedInsert,
 		func(k int64, r []byte, p string) []any {
 			return []any{k, hex.EncodeToString(r), hex.EncodeToString(r[:6]), p}
 		}},
-	"random": {keyedDDL, keyedInsert,
+	"random": {keyedDDL, "", keyedInsert,
 		func(_ int64, r []byte, p string) []any {
 			return []any{int64(binary.LittleEndian.Uint64(r[8:]) >> 2), hex.EncodeToString(r), hex.EncodeToString(r[:6]), p}
 		}},
-	"shard8": {`CREATE TABLE t (shard TINYINT NOT NULL, id BIGINT NOT NULL AUTO_INCREMENT, event_id VARCHAR(64) NOT NULL, enrollment_id VARCHAR(255), payload LONGBLOB NOT NULL, PRIMARY KEY (shard, id), KEY (id))`,
+	"shard8": {`CREATE TABLE t (shard TINYINT NOT NULL, id BIGINT NOT NULL AUTO_INCREMENT, event_id VARCHAR(64) NOT NULL, enrollment_id VARCHAR(255), payload LONGBLOB NOT NULL, PRIMARY KEY (shard, id), KEY (id))`, "",
 		`INSERT INTO t (shard, event_id, enrollment_id, payload) VALUES (?, ?, ?, ?)`,
 		func(_ int64, r []byte, p string) []any {
 			return []any{int(r[7] % 8), hex.EncodeToString(r), hex.EncodeToString(r[:6]), p}
@@ -96,7 +84,7 @@ var modes = map[string]mode{
 }
 
 const (
-	outboxInsert = `INSERT INTO t (event_id, event_type, step_id, enrollment_id, payload) VALUES (?, 'step.completed', 1, ?, ?)`
+	outboxInsert = `INSERT INTO stepcollect_outbox (event_id, event_type, step_id, enrollment_id, payload) VALUES (?, 'step.completed', 1, ?, ?)`
 	keyedDDL     = `CREATE TABLE t (id BIGINT NOT NULL PRIMARY KEY, event_id VARCHAR(64) NOT NULL, enrollment_id VARCHAR(255), payload LONGBLOB NOT NULL)`
 	keyedInsert  = `INSERT INTO t (id, event_id, enrollment_id, payload) VALUES (?, ?, ?, ?)`
 )
@@ -145,7 +133,16 @@ func measure(admin *sql.DB, dsn string, pid, n, conc int, m mode, payload string
 	defer db.Close()
 	db.SetMaxOpenConns(conc)
 	db.SetMaxIdleConns(conc)
-	must(db.Exec(m.ddl))
+	if m.ddl == "" {
+		if err := stepmysql.Migrate(context.Background(), db); err != nil {
+			log.Fatal(err)
+		}
+		if m.alter != "" {
+			must(db.Exec(m.alter))
+		}
+	} else {
+		must(db.Exec(m.ddl))
+	}
 	if strings.HasPrefix(m.stmt, "UPDATE") {
 		must(db.Exec(`INSERT INTO t (id) SELECT seq FROM seq_1_to_` + strconv.Itoa(n)))
 	}
