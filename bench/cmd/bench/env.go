@@ -50,15 +50,12 @@ func (p *proc) stop() {
 		// Wait then gives up on the pipe after this long
 		p.cmd.WaitDelay = 5 * time.Second
 		p.cmd.Process.Signal(os.Interrupt)
-		exited := make(chan struct{})
-		go func() { p.cmd.Wait(); close(exited) }()
-		select {
-		case <-exited:
-		case <-time.After(stopGrace):
+		kill := time.AfterFunc(stopGrace, func() {
 			progress("%s (pid %d) did not exit within %s of SIGINT: killed", filepath.Base(p.cmd.Path), p.cmd.Process.Pid, stopGrace)
 			p.cmd.Process.Kill()
-			<-exited
-		}
+		})
+		p.cmd.Wait()
+		kill.Stop()
 		if dir := os.Getenv("BENCH_LOG_DIR"); dir != "" {
 			name := fmt.Sprintf("%s-%d.log", filepath.Base(p.cmd.Path), p.cmd.Process.Pid)
 			if err := os.WriteFile(filepath.Join(dir, name), p.logs.Bytes(), 0o644); err != nil {
