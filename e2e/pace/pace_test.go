@@ -41,20 +41,24 @@ func TestNoStepStrandsWithTheSweeperOff(t *testing.T) {
 		WorkerArgs: []string{"-sweep-interval", "0", "-schedule-interval", "1s"},
 		Receiver:   &testkit.ReceiverOptions{CompletionsOnly: true},
 	})
-	// parallel runs f(i) for i in [0,n) with width at once, failing on the
-	// first error.
+	// parallel runs f(i) for i in [0,n) with width at once, failing after
+	// them all on the first error, with how many failed and whether the api
+	// and the worker still run: a request that got no answer (EOF) is the
+	// api's doing if it runs, and its death's if not.
 	parallel := func(width int, f func(i int) error) {
 		var mu sync.Mutex
 		var first error
+		failed := 0
 		testkit.ForEach(n, width, func(i int) {
 			if err := f(i); err != nil {
 				mu.Lock()
 				first = cmp.Or(first, err)
+				failed++
 				mu.Unlock()
 			}
 		})
 		if first != nil {
-			t.Fatal(first)
+			t.Fatalf("%d of %d failed, the first: %v; api %s, worker %s", failed, n, first, s.API.Describe(), s.Worker().Describe())
 		}
 	}
 

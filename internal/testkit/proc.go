@@ -262,6 +262,20 @@ func (p *Proc) exited() bool {
 	return i >= 0 && i+2 < len(b) && b[i+2] == 'Z'
 }
 
+// Describe says whether the process still runs, for a test's failure
+// report: "running (pid N)", or how it ended ("exited (pid N): signal:
+// killed"), reaping it if it had ended unreaped. A request that got no
+// answer is the server's doing if it runs, and its death's if not.
+func (p *Proc) Describe() string {
+	if !p.exited() {
+		return fmt.Sprintf("running (pid %d)", p.PID())
+	}
+	if p.Cmd.ProcessState == nil {
+		p.Cmd.Wait() // a zombie: its status is there to read
+	}
+	return fmt.Sprintf("exited (pid %d): %v", p.PID(), p.Cmd.ProcessState)
+}
+
 // Logs is everything the process wrote so far.
 func (p *Proc) Logs() string { return p.logs.String() }
 
