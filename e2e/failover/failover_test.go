@@ -9,7 +9,13 @@
 //     a managed service does to the old primary while it fails over)
 //     (readonly_test.go);
 //   - MySQL killed (SIGKILL) and started again on the same datadir a few
-//     seconds later, crash recovery included (restart_test.go).
+//     seconds later, crash recovery included (restart_test.go);
+//   - a Galera cluster losing, freezing or cutting off a node, or
+//     restarted whole (galera_test.go); a Group Replication primary killed
+//     or partitioned away, or the group restarted (group_test.go); and the
+//     contrast to both, an asynchronous replica promoted after its primary
+//     dies (replica_test.go). Galera and the replica run in the MariaDB
+//     suite, Group Replication in MySQL's.
 //
 // The MySQL tests run on a private server of the suite's kind
 // (testha.StartSQLServer): mariadbd under `make test`, Oracle MySQL 9.7's
@@ -30,6 +36,7 @@ package failover
 import (
 	"database/sql"
 	"fmt"
+	"net/http"
 	"sort"
 	"testing"
 	"time"
@@ -75,4 +82,133 @@ func percentile(ds []time.Duration, p float64) time.Duration {
 	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
 	k := int(float64(len(s)-1) * p / 100)
 	return s[k]
+}
+
+// tally is what a round's answers were: 200s, 503s and anything else
+// (each an error: only 200 or 503 are right), the results to send again
+// (all but the 200s), and the first 200 of a webhook sent after the fault.
+type tally struct {
+	results, ok, unavailable, other int
+	again                           []testkit.Result
+	firstOK                         time.Time
+	slowest                         time.Duration   // the longest any webhook took to be answered
+	took503                         []time.Duration // how long each 503 took
+}
+
+func tallyAnswers(t *testing.T, name string, answers []testkit.Answer, fault time.Time) tally {
+	t.Helper()
+	tl := tally{results: len(answers)}
+	for _, a := range answers {
+		tl.slowest = max(tl.slowest, a.Took())
+		switch {
+		case a.Err == nil && a.Status == http.StatusOK:
+			tl.ok++
+			if a.Start.After(fault) && (tl.firstOK.IsZero() || a.End.Before(tl.firstOK)) {
+				tl.firstOK = a.End
+			}
+			continue
+		case a.Err == nil && a.Status == http.StatusServiceUnavailable:
+			tl.unavailable++
+			tl.took503 = append(tl.took503, a.Took())
+		default:
+			if tl.other++; tl.other <= 10 {
+				t.Errorf("%s: webhook %s answered %d %q %v: only 200 or 503 are right", name, a.X, a.Status, a.Body, a.Err)
+			}
+		}
+		tl.again = append(tl.again, a.X)
+	}
+	return tl
+}
+
+func (tl tally) String() string {
+	return fmt.Sprintf("%d results, %d answered 200, %d 503, %d neither", tl.results, tl.ok, tl.unavailable, tl.other)
+}
+
+// first is how long after from the first 200 of a webhook sent after the
+// fault came.
+func (tl tally) first(from time.Time) string {
+	if tl.firstOK.IsZero() {
+		return "none within the results"
+	}
+	return tl.firstOK.Sub(from).Round(time.Millisecond).String()
+}
+
+// took503s is the p50, p99 and slowest of the 503s' answer times.
+func (tl tally) took503s() string {
+	p := func(q float64) time.Duration { return percentile(tl.took503, q).Round(time.Millisecond) }
+	return fmt.Sprintf("p50 %v, p99 %v, slowest %v", p(50), p(99), p(100))
+}
+
+// outage is a fault during which a single server can commit nothing, as
+// the webhooks saw it: from began (read-only on, the kill returned) to
+// ending (the call that ends it issued), and back, once writes are
+// answered again; each named as a failure says it ("read-only went on").
+type outage struct {
+	began, ending, back       time.Time
+	during                    string // "read-only was on"
+	beganAs, endingAs, backAs string // "read-only went on", "it went off", "read-only went off"
+}
+
+// outageSeen is what checkOutage counted: the webhooks sent after the
+// outage began and answered before its end was issued (inside), those
+// sent once writes were back (afterBack), how many of each were answered
+// wrong, and when the first of the latter was answered 200.
+type outageSeen struct {
+	inside, insideBad, afterBack, afterBackBad int
+	firstOKAfterBack                           time.Time
+}
+
+// checkOutage holds answers to o: a webhook that cannot be committed is
+// answered 503 within quick503; every one sent and answered inside the
+// outage is a 503; every one sent once writes were back is a 200; and
+// there were some of each, or the test did not test. At most ten wrong
+// answers are reported.
+func checkOutage(t *testing.T, name string, answers []testkit.Answer, o outage) outageSeen {
+	t.Helper()
+	var seen outageSeen
+	bad := func(format string, args ...any) {
+		if seen.insideBad+seen.afterBackBad <= 10 {
+			t.Errorf(name+": "+format, args...)
+		}
+	}
+	for _, a := range answers {
+		if a.Err == nil && a.Status == http.StatusServiceUnavailable && a.Took() > quick503 {
+			t.Errorf("%s: webhook %s answered 503 after %v, not within %v", name, a.X, a.Took().Round(time.Millisecond), quick503)
+		}
+		if a.Start.After(o.began) && a.End.Before(o.ending) {
+			seen.inside++
+			if a.Err != nil || a.Status != http.StatusServiceUnavailable {
+				seen.insideBad++
+				bad("webhook %s sent %v after %s and answered %d before %s: a 503 was due",
+					a.X, a.Start.Sub(o.began).Round(time.Millisecond), o.beganAs, a.Status, o.endingAs)
+			}
+		}
+		if a.Start.After(o.back) {
+			seen.afterBack++
+			if a.Err != nil || a.Status != http.StatusOK {
+				seen.afterBackBad++
+				bad("webhook %s sent %v after %s answered %d %q: a 200 was due",
+					a.X, a.Start.Sub(o.back).Round(time.Millisecond), o.backAs, a.Status, a.Body)
+			} else if seen.firstOKAfterBack.IsZero() || a.End.Before(seen.firstOKAfterBack) {
+				seen.firstOKAfterBack = a.End
+			}
+		}
+	}
+	if seen.inside == 0 {
+		t.Errorf("%s: no webhook was sent and answered while %s: the test did not test", name, o.during)
+	}
+	if seen.afterBack == 0 {
+		t.Errorf("%s: no webhook was sent after %s (%v after %s): the test did not test recovery",
+			name, o.backAs, o.back.Sub(o.ending).Round(time.Millisecond), o.endingAs)
+	}
+	return seen
+}
+
+// firstAfterBack is how long after o.back the first 200 of a webhook sent
+// then came.
+func (seen outageSeen) firstAfterBack(o outage) string {
+	if seen.firstOKAfterBack.IsZero() {
+		return "none"
+	}
+	return seen.firstOKAfterBack.Sub(o.back).Round(time.Millisecond).String()
 }

@@ -349,53 +349,6 @@ func TestGaleraNodeWithoutQuorum(t *testing.T) {
 	finish(t, s)
 }
 
-// tally is what a round's answers were: 200s, 503s and anything else
-// (each an error: only 200 or 503 are right), the results to send again
-// (all but the 200s), and the first 200 of a webhook sent after the fault.
-type tally struct {
-	results, ok, unavailable, other int
-	again                           []testkit.Result
-	firstOK                         time.Time
-	slowest                         time.Duration // the longest any webhook took to be answered
-}
-
-func tallyAnswers(t *testing.T, name string, answers []testkit.Answer, fault time.Time) tally {
-	t.Helper()
-	tl := tally{results: len(answers)}
-	for _, a := range answers {
-		tl.slowest = max(tl.slowest, a.Took())
-		switch {
-		case a.Err == nil && a.Status == http.StatusOK:
-			tl.ok++
-			if a.Start.After(fault) && (tl.firstOK.IsZero() || a.End.Before(tl.firstOK)) {
-				tl.firstOK = a.End
-			}
-			continue
-		case a.Err == nil && a.Status == http.StatusServiceUnavailable:
-			tl.unavailable++
-		default:
-			if tl.other++; tl.other <= 10 {
-				t.Errorf("%s: webhook %s answered %d %q %v: only 200 or 503 are right", name, a.X, a.Status, a.Body, a.Err)
-			}
-		}
-		tl.again = append(tl.again, a.X)
-	}
-	return tl
-}
-
-func (tl tally) String() string {
-	return fmt.Sprintf("%d results, %d answered 200, %d 503, %d neither", tl.results, tl.ok, tl.unavailable, tl.other)
-}
-
-// first is how long after from the first 200 of a webhook sent after the
-// fault came.
-func (tl tally) first(from time.Time) string {
-	if tl.firstOK.IsZero() {
-		return "none within the results"
-	}
-	return tl.firstOK.Sub(from).Round(time.Millisecond).String()
-}
-
 // finish logs the processes' counters, checks they still run, and stops
 // them when the test passed (a failed test's logs show what they did).
 func finish(t *testing.T, s *testkit.Stack) {

@@ -92,77 +92,27 @@ func readOnlyRound(t *testing.T, mdb *testha.SQLServer, rejectReadOnly bool) {
 	offAt := time.Now()
 	answers := <-done
 
-	var ok, unavailable, inside, insideOK, afterOff, afterOffBad int
-	var took503 []time.Duration
-	var firstOKAfterOff time.Time
-	var again []testkit.Result
-	bad := func(format string, args ...any) {
-		if afterOffBad+insideOK < 10 {
-			t.Errorf(name+": "+format, args...)
-		}
-	}
-	for _, a := range answers {
-		switch {
-		case a.Err == nil && a.Status == http.StatusOK:
-			ok++
-		case a.Err == nil && a.Status == http.StatusServiceUnavailable:
-			unavailable++
-			took503 = append(took503, a.Took())
-			again = append(again, a.X)
-			if a.Took() > quick503 {
-				t.Errorf("%s: webhook %s answered 503 after %v, not within %v", name, a.X, a.Took().Round(time.Millisecond), quick503)
-			}
-		default:
-			t.Errorf("%s: webhook %s answered %d %q %v: only 200 or 503 are right", name, a.X, a.Status, a.Body, a.Err)
-		}
-		if a.Start.After(onAt) && a.End.Before(offIssued) {
-			inside++
-			if a.Status != http.StatusServiceUnavailable {
-				insideOK++
-				bad("webhook %s sent %v after read-only went on and answered %d before it went off: a 503 was due",
-					a.X, a.Start.Sub(onAt).Round(time.Millisecond), a.Status)
-			}
-		}
-		if a.Start.After(offAt) {
-			afterOff++
-			if a.Status != http.StatusOK {
-				afterOffBad++
-				bad("webhook %s sent %v after read-only went off answered %d %q: writes are back, a 200 was due",
-					a.X, a.Start.Sub(offAt).Round(time.Millisecond), a.Status, a.Body)
-			} else if firstOKAfterOff.IsZero() || a.End.Before(firstOKAfterOff) {
-				firstOKAfterOff = a.End
-			}
-		}
-	}
-	if inside == 0 {
-		t.Errorf("%s: no webhook was sent and answered while read-only was on: the test did not test", name)
-	}
+	tl := tallyAnswers(t, name, answers, onAt)
+	o := outage{began: onAt, ending: offIssued, back: offAt, during: "read-only was on",
+		beganAs: "read-only went on", endingAs: "it went off", backAs: "read-only went off"}
+	seen := checkOutage(t, name, answers, o)
 
 	// Before anything is sent again: every 200 committed, nothing written
 	// for a 503, nothing half-written anywhere.
 	checkNothingHalfWritten(t, s, name, answers, killSpan{})
 
-	resent, rounds := len(again), sendAgain(t, s, name, again, offAt)
+	resent, rounds := len(tl.again), sendAgain(t, s, name, tl.again, offAt)
 	st := s.AwaitSettled(t, offAt, name, func() { s.Explain(t, offAt, nil) })
 	s.CheckReceiver(t)
 
-	t.Logf("FAILOVER %s: %d results over %v, read-only on %v in for %v: %d answered 200, %d answered 503 (p50 %v, p99 %v, slowest %v); "+
+	t.Logf("FAILOVER %s: results sent over %v, read-only on %v in for %v: %s (503s: %s); "+
 		"%d sent and answered inside the window, %d of them not 503",
-		name, len(answers), before+during+after, onAt.Sub(began).Round(time.Millisecond), offAt.Sub(onAt).Round(time.Millisecond), ok, unavailable,
-		percentile(took503, 50).Round(time.Millisecond), percentile(took503, 99).Round(time.Millisecond), percentile(took503, 100).Round(time.Millisecond),
-		inside, insideOK)
-	firstOK := "none"
-	if !firstOKAfterOff.IsZero() {
-		firstOK = firstOKAfterOff.Sub(offAt).Round(time.Millisecond).String()
-	}
+		name, before+during+after, onAt.Sub(began).Round(time.Millisecond), offAt.Sub(onAt).Round(time.Millisecond),
+		tl, tl.took503s(), seen.inside, seen.insideBad)
 	t.Logf("FAILOVER %s: after read-only went off: %d sent, %d not 200, the first 200 %v after; %d answered 503 sent again in %d rounds; %s (from read-only off)",
-		name, afterOff, afterOffBad, firstOK, resent, rounds, st)
-	s.LogMetrics(t)
+		name, seen.afterBack, seen.afterBackBad, seen.firstAfterBack(o), resent, rounds, st)
 	s.LogDigest(t, began, onAt, true)
-	s.StillRunning(t)
-	if !t.Failed() {
-		s.Stop(t)
-	}
+	finish(t, s)
 }
 
 // killSpan is when a test took servers away: from just before the first
