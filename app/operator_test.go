@@ -1,18 +1,14 @@
 package app_test
 
 import (
-	"bytes"
-	"encoding/json"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stepcollect/stepcollect/app"
-	"github.com/stepcollect/stepcollect/events"
 	"github.com/stepcollect/stepcollect/internal/testkit"
 	"github.com/stepcollect/stepcollect/internal/testkit/scrape"
 )
@@ -41,21 +37,8 @@ func TestAPoisonEventIsHeldListedCountedAndDeliveredByHand(t *testing.T) {
 	var refusing atomic.Bool
 	var posts atomic.Int32
 	refusing.Store(true)
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		body, _ := io.ReadAll(r.Body)
-		var ev events.Event
-		if json.Unmarshal(body, &ev) == nil && len(ev.Step.IDs) == 1 && ev.Step.IDs[0] == poison {
-			posts.Add(1)
-			if refusing.Load() {
-				http.Error(w, "cannot parse this event", http.StatusBadRequest)
-				return
-			}
-		}
-		r.Body = io.NopCloser(bytes.NewReader(body))
-		rcv.ServeHTTP(w, r)
-	}))
-	t.Cleanup(srv.Close)
-	s := startService(t, srv.URL, func(c *app.WorkerConfig) { c.MaxDeliveryAttempts = 3 })
+	url := rcv.Poisoned(t, poison, &refusing, &posts)
+	s := startService(t, url, func(c *app.WorkerConfig) { c.MaxDeliveryAttempts = 3 })
 	step, ids := testkit.V1FanOut("bad", 5)
 	s.client.MustEnqueue(t, step)
 	s.answerAll(t, ids, "bad-CMD")

@@ -1,42 +1,16 @@
 package delivery_test
 
 import (
-	"bytes"
-	"encoding/json"
-	"io"
 	"net/http"
-	"net/http/httptest"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stepcollect/stepcollect/delivery"
-	"github.com/stepcollect/stepcollect/events"
 	"github.com/stepcollect/stepcollect/internal/testkit"
 	"github.com/stepcollect/stepcollect/storage"
 	stepmysql "github.com/stepcollect/stepcollect/storage/mysql"
 )
-
-// poisonReceiver answers 400 to the event of enrollment poison while
-// refusing is set, as a receiver does to what it cannot parse, and hands
-// everything else to rcv.
-func poisonReceiver(t *testing.T, rcv *testkit.Receiver, poison string, refusing *atomic.Bool, posts *atomic.Int32) string {
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		body, _ := io.ReadAll(r.Body)
-		var ev events.Event
-		if json.Unmarshal(body, &ev) == nil && len(ev.Step.IDs) == 1 && ev.Step.IDs[0] == poison {
-			posts.Add(1)
-			if refusing.Load() {
-				http.Error(w, "cannot parse this event", http.StatusBadRequest)
-				return
-			}
-		}
-		r.Body = io.NopCloser(bytes.NewReader(body))
-		rcv.ServeHTTP(w, r)
-	}))
-	t.Cleanup(srv.Close)
-	return srv.URL
-}
 
 func heldEvents(t *testing.T, store *stepmysql.Storage) []storage.OutboxEntry {
 	t.Helper()
@@ -58,7 +32,7 @@ func TestAPoisonEventIsHeldAfterItsAttemptsAndDeliveredOnceReleased(t *testing.T
 	var refusing atomic.Bool
 	var posts atomic.Int32
 	refusing.Store(true)
-	url := poisonReceiver(t, rcv, testkit.EnrollmentID("poison", 3), &refusing, &posts)
+	url := rcv.Poisoned(t, testkit.EnrollmentID("poison", 3), &refusing, &posts)
 	runDispatcher(t, delivery.DispatchConfig{MaxAttempts: 3, MaxBackoff: 100 * time.Millisecond}, url, store)
 
 	awaitDelivered(t, rcv, 9, "the 9 good events delivered")

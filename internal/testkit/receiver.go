@@ -1,6 +1,7 @@
 package testkit
 
 import (
+	"bytes"
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/base64"
@@ -11,6 +12,7 @@ import (
 	"net/http/httptest"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -85,6 +87,29 @@ func StartReceiver(opts ReceiverOptions) *Receiver {
 
 // Close stops the receiver's server.
 func (r *Receiver) Close() { r.srv.Close() }
+
+// Poisoned starts, for t, a receiver in front of r that answers 400 to
+// the event of enrollment poison while refusing is set, as a receiver does
+// to what it cannot parse, and counts that event's POSTs in posts; every
+// other POST, and that one once refusing is clear, r takes. It returns the
+// URL to deliver to.
+func (r *Receiver) Poisoned(t testing.TB, poison string, refusing *atomic.Bool, posts *atomic.Int32) string {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		body, _ := io.ReadAll(req.Body)
+		var ev events.Event
+		if json.Unmarshal(body, &ev) == nil && len(ev.Step.IDs) == 1 && ev.Step.IDs[0] == poison {
+			posts.Add(1)
+			if refusing.Load() {
+				http.Error(w, "cannot parse this event", http.StatusBadRequest)
+				return
+			}
+		}
+		req.Body = io.NopCloser(bytes.NewReader(body))
+		r.ServeHTTP(w, req)
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
 
 func pairKey(stepID int64, enrollment string) string { return fmt.Sprintf("%d/%s", stepID, enrollment) }
 
