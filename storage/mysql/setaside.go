@@ -24,6 +24,25 @@ func setAsideable(err error) bool {
 	return false
 }
 
+// narrow decides how a scheduler's claims of what ("due steps") go on
+// after a batch of limit steps failed with err: an error that is not
+// about a step's data ends them; a batch of several is run again one
+// step at a time, to find the step; that step, failing alone, is set
+// aside for events of eventType and the batches go back to full. It
+// returns the next batch's limit, or the error to end with.
+func (s *Storage) narrow(ctx context.Context, err error, what string, limit, full int, alone int64, eventType string) (int, error) {
+	switch {
+	case !setAsideable(err) || ctx.Err() != nil:
+	case limit > 1:
+		return 1, nil // which step was it?
+	case alone != 0:
+		if err = s.setAside(ctx, alone, eventType, err); err == nil {
+			return full, nil
+		}
+	}
+	return 0, fmt.Errorf("retrieving %s: %w", what, err)
+}
+
 // setAside takes step stepID out of the scheduler's claims for events of
 // eventType (step.due: its not_until; step.timed_out: its timeout), in a
 // transaction of its own, and keeps what it cleared with the reason in

@@ -143,18 +143,8 @@ func dueSteps[T any](ctx context.Context, s *Storage, pushTime time.Time, emit d
 			return nil
 		})
 		if err != nil {
-			switch {
-			case !setAsideable(err) || ctx.Err() != nil:
-				return out, fmt.Errorf("retrieving due steps: %w", err)
-			case limit > 1:
-				limit = 1 // which step was it?
-			case alone != 0:
-				if err := s.setAside(ctx, alone, events.StepDue, err); err != nil {
-					return out, fmt.Errorf("retrieving due steps: %w", err)
-				}
-				limit = dueStepsPerBatch
-			default:
-				return out, fmt.Errorf("retrieving due steps: %w", err)
+			if limit, err = s.narrow(ctx, err, "due steps", limit, dueStepsPerBatch, alone, events.StepDue); err != nil {
+				return out, err
 			}
 			continue
 		}
@@ -273,18 +263,8 @@ func timedOutSteps[T any](ctx context.Context, s *Storage, now time.Time, emit t
 			return nil
 		})
 		if err != nil {
-			switch {
-			case !setAsideable(err) || ctx.Err() != nil:
-				return out, fmt.Errorf("retrieving timed-out steps: %w", err)
-			case limit > 1:
-				limit = 1 // which step was it?
-			case alone != 0:
-				if err := s.setAside(ctx, alone, events.StepTimedOut, err); err != nil {
-					return out, fmt.Errorf("retrieving timed-out steps: %w", err)
-				}
-				limit = timedOutStepsPerBatch
-			default:
-				return out, fmt.Errorf("retrieving timed-out steps: %w", err)
+			if limit, err = s.narrow(ctx, err, "timed-out steps", limit, timedOutStepsPerBatch, alone, events.StepTimedOut); err != nil {
+				return out, err
 			}
 			continue
 		}
