@@ -151,11 +151,11 @@ type outage struct {
 
 // outageSeen is what checkOutage counted: the webhooks sent after the
 // outage began and answered before its end was issued (inside), those
-// sent once writes were back (afterBack), how many of each were answered
-// wrong, and when the first of the latter was answered 200.
+// sent once writes were back (afterBack), and how many of each were
+// answered wrong. (When the first of the latter was answered 200 is the
+// tally's first, from tallyAnswers with the outage's back.)
 type outageSeen struct {
 	inside, insideBad, afterBack, afterBackBad int
-	firstOKAfterBack                           time.Time
 }
 
 // checkOutage holds answers to o: a webhook that cannot be committed is
@@ -189,8 +189,6 @@ func checkOutage(t *testing.T, name string, answers []testkit.Answer, o outage) 
 				seen.afterBackBad++
 				bad("webhook %s sent %v after %s answered %d %q: a 200 was due",
 					a.X, a.Start.Sub(o.back).Round(time.Millisecond), o.backAs, a.Status, a.Body)
-			} else if seen.firstOKAfterBack.IsZero() || a.End.Before(seen.firstOKAfterBack) {
-				seen.firstOKAfterBack = a.End
 			}
 		}
 	}
@@ -202,13 +200,4 @@ func checkOutage(t *testing.T, name string, answers []testkit.Answer, o outage) 
 			name, o.backAs, o.back.Sub(o.ending).Round(time.Millisecond), o.endingAs)
 	}
 	return seen
-}
-
-// firstAfterBack is how long after o.back the first 200 of a webhook sent
-// then came.
-func (seen outageSeen) firstAfterBack(o outage) string {
-	if seen.firstOKAfterBack.IsZero() {
-		return "none"
-	}
-	return seen.firstOKAfterBack.Sub(o.back).Round(time.Millisecond).String()
 }

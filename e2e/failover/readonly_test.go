@@ -92,7 +92,7 @@ func readOnlyRound(t *testing.T, mdb *testha.SQLServer, rejectReadOnly bool) {
 	offAt := time.Now()
 	answers := <-done
 
-	tl := tallyAnswers(t, name, answers, onAt)
+	tl := tallyAnswers(t, name, answers, offAt) // its first: the first 200 once writes were back
 	o := outage{began: onAt, ending: offIssued, back: offAt, during: "read-only was on",
 		beganAs: "read-only went on", endingAs: "it went off", backAs: "read-only went off"}
 	seen := checkOutage(t, name, answers, o)
@@ -110,7 +110,7 @@ func readOnlyRound(t *testing.T, mdb *testha.SQLServer, rejectReadOnly bool) {
 		name, before+during+after, onAt.Sub(began).Round(time.Millisecond), offAt.Sub(onAt).Round(time.Millisecond),
 		tl, tl.took503s(), seen.inside, seen.insideBad)
 	t.Logf("FAILOVER %s: after read-only went off: %d sent, %d not 200, the first 200 %v after; %d answered 503 sent again in %d rounds; %s (from read-only off)",
-		name, seen.afterBack, seen.afterBackBad, seen.firstAfterBack(o), resent, rounds, st)
+		name, seen.afterBack, seen.afterBackBad, tl.first(offAt), resent, rounds, st)
 	s.LogDigest(t, began, onAt, true)
 	finish(t, s)
 }

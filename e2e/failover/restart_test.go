@@ -61,7 +61,7 @@ func TestMySQLKilledAndRestarted(t *testing.T) {
 	doneAfter := s.Stream(results[k:], after, 32)
 	answers := append(<-done, <-doneAfter...)
 
-	tl := tallyAnswers(t, name, answers, killedAt)
+	tl := tallyAnswers(t, name, answers, upAt) // its first: the first 200 once writes were back
 	o := outage{began: killedAt, ending: restartIssued, back: upAt, during: "the server was down",
 		beganAs: "the kill", endingAs: "the restart", backAs: "the server answered again"}
 	seen := checkOutage(t, name, answers, o)
@@ -80,7 +80,7 @@ func TestMySQLKilledAndRestarted(t *testing.T) {
 		name, upAt.Add(after).Sub(began).Round(time.Millisecond), killedAt.Sub(began).Round(time.Millisecond), restartIssued.Sub(killedAt).Round(time.Millisecond),
 		upAt.Sub(restartIssued).Round(time.Millisecond), tl, tl.took503s(), seen.inside, seen.insideBad)
 	t.Logf("FAILOVER %s: after the server answered again: %d sent, %d not 200, the first 200 %v after; %d answered 503 sent again in %d rounds; %s (from the server answering)",
-		name, seen.afterBack, seen.afterBackBad, seen.firstAfterBack(o), resent, rounds, st)
+		name, seen.afterBack, seen.afterBackBad, tl.first(upAt), resent, rounds, st)
 	s.LogDigest(t, began, killedAt, true)
 	finish(t, s)
 }

@@ -33,6 +33,7 @@ func setAsideable(err error) bool {
 func (s *Storage) narrow(ctx context.Context, err error, what string, limit, full int, alone int64, eventType string) (int, error) {
 	switch {
 	case !setAsideable(err) || ctx.Err() != nil:
+		// not a step's data, or the claims are over: end with err
 	case limit > 1:
 		return 1, nil // which step was it?
 	case alone != 0:
