@@ -31,7 +31,9 @@ const migrateLockName = "stepcollect.migrate."
 // Migrate applies the embedded schema migrations to db. Migration 1 is
 // NanoCMD v0.7.1's schema with IF NOT EXISTS, so a database NanoCMD made is
 // adopted as it is; later migrations add, but for migration 9, which drops
-// three of id_commands' indexes that nothing reads. Idempotent, and safe to call
+// three of id_commands' indexes that nothing reads, and migration 14, which
+// makes a command, its result and a step's context MEDIUMBLOB so that bytes
+// that are not UTF-8 are stored as sent. Idempotent, and safe to call
 // from many processes at once.
 //
 // The lock is held on a connection of its own for the whole of it, not
