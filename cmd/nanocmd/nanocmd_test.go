@@ -232,4 +232,8 @@ func TestEveryRouteOfNanoCMDIsServed(t *testing.T) {
 			t.Errorf("%s %s: %d %s: not served", r.method, r.path, code, body)
 		}
 	}
+	// NanoCMD's storages delete a profile that is not there without error
+	if code, body := s.do(t, "DELETE", "/v1/profile/none", true); code != http.StatusNoContent {
+		t.Errorf("DELETE /v1/profile/none: %d %s, want 204 as NanoCMD v0.7.1 answers", code, body)
+	}
 }

@@ -95,14 +95,12 @@ func (s *Profiles) StoreProfile(ctx context.Context, name string, info storage.P
 	return nil
 }
 
-// DeleteProfile deletes the profile name, or says ErrProfileNotFound.
+// DeleteProfile deletes the profile name. Deleting one that is not there
+// is not an error: NanoCMD v0.7.1's own storages (kv and mysql) answer
+// nil, and its DELETE /v1/profile/{name} a 204, for any name.
 func (s *Profiles) DeleteProfile(ctx context.Context, name string) error {
-	res, err := s.db.ExecContext(ctx, qDeleteProfile, name)
-	if err != nil {
+	if _, err := s.db.ExecContext(ctx, qDeleteProfile, name); err != nil {
 		return fmt.Errorf("deleting profile %s: %w", name, err)
-	}
-	if n, err := res.RowsAffected(); err == nil && n == 0 {
-		return fmt.Errorf("deleting profile %s: %w", name, storage.ErrProfileNotFound)
 	}
 	return nil
 }
