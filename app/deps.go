@@ -203,7 +203,7 @@ const errUnknownDatabase = 1049
 // Redis URL's passwords) is redacted before the body shows it.
 func readyChecks(db *sql.DB, enq *tasks.Enqueuer, needRedis bool, secrets []string) []httpapi.Check {
 	return []httpapi.Check{
-		httpapi.MySQLCheck(func(ctx context.Context) error { return stepmysql.Ready(ctx, db) }, secrets...),
+		httpapi.MySQLCheck(stepmysql.ReadyCheck(db), secrets...),
 		httpapi.RedisCheck(enq.Ping, !needRedis, secrets...),
 	}
 }

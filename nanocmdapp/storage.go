@@ -192,7 +192,7 @@ func mysqlStorage(ctx context.Context, cfg *Config, zl zerolog.Logger, reg prome
 		event:     eng,
 		filevault: fv,
 		close:     db.Close,
-		ready:     []httpapi.Check{httpapi.MySQLCheck(func(ctx context.Context) error { return stepmysql.Ready(ctx, db) }, cfg.StorageDSN, cfg.RedisURL)},
+		ready:     []httpapi.Check{httpapi.MySQLCheck(stepmysql.ReadyCheck(db), cfg.StorageDSN, cfg.RedisURL)},
 	}
 	if handoff != nil {
 		sc.handoff = handoff

@@ -5,9 +5,11 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stepcollect/stepcollect/internal/testkit"
 	"github.com/stepcollect/stepcollect/internal/testkit/scrape"
+	"github.com/stepcollect/stepcollect/storage/mysql"
 )
 
 var apiBin string
@@ -69,5 +71,42 @@ func TestAPICreatesTheDatabaseWhenItIsMissing(t *testing.T) {
 	tables := testkit.Count(t, db.DB, `SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = ?`, fresh)
 	if tables < 7 {
 		t.Errorf("%d tables in the created database, want the schema's 7", tables)
+	}
+}
+
+// Started with -migrate=false on a database nobody migrated (a deployment
+// whose migrate job has not run yet), the api can answer nothing but 503s:
+// /readyz says so, naming the schema and what to do, until the schema is
+// there; then it is ready without a restart.
+func TestAPIIsNotReadyUntilTheSchemaIsMigrated(t *testing.T) {
+	db := testkit.NewDB(t, &testkit.DBOptions{Empty: true})
+	rs := testkit.StartRedis(t)
+	addr := testkit.FreeAddr(t)
+	p := testkit.StartProc(t, apiBin, append(testkit.ServiceEnv(db.DSN, rs.URL), "STEPCOLLECT_MIGRATE=false"), "-listen", addr)
+	readyz := func() (int, string) {
+		t.Helper()
+		var code int
+		var body string
+		testkit.WaitUntil(t, 15*time.Second, "an answer from /readyz (error)", func() (bool, any) {
+			resp, err := http.Get("http://" + addr + "/readyz")
+			if err != nil {
+				return false, err
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			code, body = resp.StatusCode, string(b)
+			return true, nil
+		})
+		return code, body
+	}
+	if code, body := readyz(); code != http.StatusServiceUnavailable ||
+		!strings.Contains(body, "mysql: schema: not migrated") || !strings.Contains(body, "-migrate=true") {
+		t.Fatalf("readyz on an unmigrated database: %d %q, want 503 naming the schema and -migrate\n%s", code, body, p.Logs())
+	}
+	if err := mysql.Migrate(t.Context(), db.DB); err != nil {
+		t.Fatal(err)
+	}
+	if code, body := readyz(); code != http.StatusOK || !strings.Contains(body, "mysql: ok") {
+		t.Errorf("readyz once migrated: %d %q, want 200", code, body)
 	}
 }

@@ -1,8 +1,10 @@
 package mysql_test
 
 import (
+	"fmt"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/stepcollect/stepcollect/internal/testkit"
@@ -68,5 +70,34 @@ func TestHotTablesKeepOnlyTheIndexesSomethingReads(t *testing.T) {
 		if !slices.Equal(got, want) {
 			t.Errorf("%s indexes %v, want %v", table, got, want)
 		}
+	}
+}
+
+// CheckSchema names where the schema is and what the build needs: nothing
+// migrated, one migration short (a process of a newer build before the
+// one that migrates), and current.
+func TestCheckSchemaNamesTheVersions(t *testing.T) {
+	t.Parallel()
+	db := testkit.NewDB(t, &testkit.DBOptions{Empty: true})
+	ctx := t.Context()
+	_, latest, err := mysql.SchemaVersion(ctx, db.DB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := mysql.CheckSchema(ctx, db.DB); err == nil || !strings.HasPrefix(err.Error(), "schema: not migrated") {
+		t.Errorf("unmigrated: %v", err)
+	}
+	if err := mysql.Migrate(ctx, db.DB); err != nil {
+		t.Fatal(err)
+	}
+	if err := mysql.CheckSchema(ctx, db.DB); err != nil {
+		t.Errorf("migrated: %v", err)
+	}
+	if _, err := db.Exec(`DELETE FROM `+mysql.MigrationsTable+` WHERE version_id = ?`, latest); err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf("schema: at migration %d, this build needs %d: start one process with -migrate=true", latest-1, latest)
+	if err := mysql.CheckSchema(ctx, db.DB); err == nil || err.Error() != want {
+		t.Errorf("one short: %v, want %q", err, want)
 	}
 }

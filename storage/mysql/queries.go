@@ -20,6 +20,8 @@ const (
 	// quorum still answers, and the same on MySQL and MariaDB.
 	qWsrepOn    = `SHOW GLOBAL VARIABLES LIKE 'wsrep_on'`
 	qWsrepState = `SHOW GLOBAL STATUS WHERE Variable_name IN ('wsrep_ready', 'wsrep_cluster_status', 'wsrep_local_state_comment', 'wsrep_cluster_size')`
+	// The schema's version (ready.go): the last migration goose recorded.
+	qSchemaVersion = `SELECT MAX(version_id) FROM ` + MigrationsTable
 
 	// Which step does this enrollment's command belong to. Non-locking; the
 	// engine's "was this sent by a workflow" question.

@@ -6,6 +6,11 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"io/fs"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
 )
 
 // Ready reports whether db's server takes writes, for /readyz: it answers
@@ -51,6 +56,72 @@ func Ready(ctx context.Context, db *sql.DB) error {
 	}
 	return nil
 }
+
+// ReadyCheck is /readyz's MySQL check for a process on db: Ready, then
+// whether the schema has every migration this build embeds (CheckSchema).
+// A process started with -migrate=false on a database nobody migrated, or
+// before the one that migrates in an upgrade, can answer nothing but 503s
+// until then, so it is not ready. Once the schema has passed it is not
+// read again: migrations only ever go forward under a running build.
+func ReadyCheck(db *sql.DB) func(context.Context) error {
+	var schemaOK atomic.Bool
+	return func(ctx context.Context) error {
+		if err := Ready(ctx, db); err != nil {
+			return err
+		}
+		if schemaOK.Load() {
+			return nil
+		}
+		if err := CheckSchema(ctx, db); err != nil {
+			return err
+		}
+		schemaOK.Store(true)
+		return nil
+	}
+}
+
+// CheckSchema says, naming both versions, when db's schema lacks a
+// migration this build embeds. A schema ahead of the build (a newer
+// replica migrated it during a rolling upgrade) passes: migrations add.
+func CheckSchema(ctx context.Context, db *sql.DB) error {
+	want, err := embeddedLatest()
+	if err != nil {
+		return err
+	}
+	var have sql.NullInt64
+	err = db.QueryRowContext(ctx, qSchemaVersion).Scan(&have)
+	switch {
+	case mysqlErrNo(err) == errNoSuchTable, err == nil && have.Int64 <= 0:
+		return fmt.Errorf("schema: not migrated (this build needs migration %d): start one process with -migrate=true", want)
+	case err != nil:
+		return fmt.Errorf("schema: reading %s: %w", MigrationsTable, err)
+	case have.Int64 < want:
+		return fmt.Errorf("schema: at migration %d, this build needs %d: start one process with -migrate=true", have.Int64, want)
+	}
+	return nil
+}
+
+// errNoSuchTable is "Table … doesn't exist".
+const errNoSuchTable = 1146
+
+// embeddedLatest is the highest version among the embedded migrations,
+// read from their names (00014_….sql) as goose reads them.
+var embeddedLatest = sync.OnceValues(func() (int64, error) {
+	entries, err := fs.ReadDir(migrationFiles, "migrations")
+	if err != nil {
+		return 0, fmt.Errorf("schema: listing the embedded migrations: %w", err)
+	}
+	var latest int64
+	for _, e := range entries {
+		prefix, _, ok := strings.Cut(e.Name(), "_")
+		v, err := strconv.ParseInt(prefix, 10, 64)
+		if !ok || err != nil {
+			return 0, fmt.Errorf("schema: embedded migration %s has no version in its name", e.Name())
+		}
+		latest = max(latest, v)
+	}
+	return latest, nil
+})
 
 // ServerIdentity names the server that answers: its host, port and
 // server_id. The worker watches it (collector.WatchServer) to sweep at
