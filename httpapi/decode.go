@@ -214,6 +214,35 @@ func rawPayload(field string, f base64Field) ([]byte, error) {
 	return raw, nil
 }
 
+// jsonKind names what a Go type is read from, in JSON's words: a caller
+// knows objects and arrays, not the server's type names.
+func jsonKind(t reflect.Type) string {
+	if t == nil {
+		return "another value"
+	}
+	switch t.Kind() {
+	case reflect.Pointer:
+		return jsonKind(t.Elem())
+	case reflect.Struct, reflect.Map:
+		return "an object"
+	case reflect.Slice, reflect.Array:
+		if t.Elem().Kind() == reflect.Uint8 {
+			return "a base64 string"
+		}
+		return "an array"
+	case reflect.String:
+		return "string"
+	case reflect.Bool:
+		return "true or false"
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "a whole number"
+	case reflect.Float32, reflect.Float64:
+		return "a number"
+	}
+	return t.String()
+}
+
 // jsonProblem says in one line what is wrong with a body that did not
 // decode, naming the field where the decoder knows it.
 func jsonProblem(err error) string {
@@ -221,7 +250,7 @@ func jsonProblem(err error) string {
 	var typ *json.UnmarshalTypeError
 	switch {
 	case errors.As(err, &typ) && typ.Field != "":
-		return fmt.Sprintf("%s: want %s, got a JSON %s", typ.Field, typ.Type, typ.Value)
+		return fmt.Sprintf("%s: want %s, got a JSON %s", typ.Field, jsonKind(typ.Type), typ.Value)
 	case errors.As(err, &typ):
 		return fmt.Sprintf("body: want a JSON object, got a JSON %s", typ.Value)
 	case errors.As(err, &syn):

@@ -91,6 +91,8 @@ func TestDecodeWebhookRawPayloadErrors(t *testing.T) {
 		{ack(`["x"]`), "acknowledge_event.raw_payload: want string, got a JSON array"},
 		{ack(`{"a":1}`), "acknowledge_event.raw_payload: want string, got a JSON object"},
 		{`{"topic":"mdm.CheckOut","checkin_event":{"raw_payload":7}}`, "checkin_event.raw_payload: want string, got a JSON number"},
+		{`{"topic":"mdm.Connect","acknowledge_event":"x"}`, "acknowledge_event: want an object, got a JSON string"},
+		{`{"topic":"mdm.Connect","acknowledge_event":{"udid":["D"]}}`, "acknowledge_event.udid: want string, got a JSON array"},
 		{ack(`null`), "acknowledge_event.raw_payload: missing"},
 		{ack(`""`), "acknowledge_event.raw_payload: missing"},
 		{ack(`"%%%"`), "acknowledge_event.raw_payload: not standard base64: illegal base64 data at input byte 0"},

@@ -21,6 +21,9 @@ type errorBody struct {
 	RequestID string `json:"request_id,omitempty"`
 }
 
+// maxErrorLine bounds an error answer's one line.
+const maxErrorLine = 2048
+
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
@@ -74,6 +77,9 @@ func respondError(w http.ResponseWriter, r *http.Request, err error, what string
 		zerolog.Ctx(r.Context()).Error().Err(err).Msg(what)
 		writeError(w, r, status, what+": storage unavailable, nothing was written; retry later")
 	default:
-		writeError(w, r, status, oneLine(err.Error()))
+		// room for the names the message is there to give (an id and a
+		// UUID can be 255 and 127 bytes, a workflow and its instance 255
+		// each); what it quotes of the input is bounded where it is quoted
+		writeError(w, r, status, bodyadmit.OneLineMax(err.Error(), maxErrorLine))
 	}
 }

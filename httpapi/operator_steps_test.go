@@ -107,6 +107,8 @@ func TestOperatorEndpointsRefuseBadInputNamingTheField(t *testing.T) {
 		{"GET", "/v1/steps?after=" + "c3h4eQ", "after"}, // base64url of "sxxy"
 		{"GET", fmt.Sprintf("/v1/steps/%d/outstanding?limit=100000", id), "limit"},
 		{"GET", fmt.Sprintf("/v1/steps/%d/outstanding?after=%%25%%25", id), "after"},
+		{"GET", fmt.Sprintf("/v1/steps/%d/outstanding?after=%%%%%%", id), "query: invalid URL escape"}, // not read as no cursor
+		{"GET", "/v1/steps?limit=%zz", "query: invalid URL escape"},
 		{"GET", "/v1/steps/x/outstanding", "step_id"},
 		{"DELETE", "/v1/steps/0", "step_id"},
 		{"DELETE", "/v1/steps/-3", "step_id"},

@@ -12,6 +12,8 @@ import (
 	"encoding/base64"
 	"io"
 	"net/http"
+	"net/url"
+	"strings"
 	"sync"
 	"time"
 
@@ -149,6 +151,10 @@ func New(cfg Config) *Server {
 		BudgetName: "the in-flight body budget (-max-inflight-body-bytes)", Gauge: gauge,
 	})}
 	s.handle("POST /webhook", "webhook", s.withBody(s.webhook))
+	s.handle("/webhook", "webhook", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Allow", "POST")
+		writeError(w, r, http.StatusMethodNotAllowed, "method "+oneLine(r.Method)+": the webhook takes POST")
+	})
 	s.handle("POST /v1/steps", "enqueue_step", s.auth(s.withBody(s.enqueueStep)))
 	s.handle("GET /v1/steps/{step_id}", "step_status", s.auth(s.stepStatus))
 	s.handle("DELETE /v1/enrollments/{id}/steps", "cancel_steps", s.auth(s.cancelSteps))
@@ -200,12 +206,18 @@ func (s *Server) auth(next http.HandlerFunc) http.HandlerFunc {
 		var given string
 		if _, pass, ok := r.BasicAuth(); ok {
 			given = pass
-		} else if h := r.Header.Get("Authorization"); len(h) > 7 && (h[:7] == "Bearer " || h[:7] == "bearer ") {
+		} else if h := r.Header.Get("Authorization"); len(h) > 7 && strings.EqualFold(h[:7], "Bearer ") { // schemes are case-insensitive (RFC 9110 11.1)
 			given = h[7:]
 		}
 		if subtle.ConstantTimeCompare([]byte(given), []byte(s.cfg.APIKey)) != 1 {
 			challenge(w)
 			writeError(w, r, http.StatusUnauthorized, "missing or wrong API key (Authorization: Bearer <key>, or basic auth with the key as password)")
+			return
+		}
+		// r.URL.Query drops a pair it cannot read: a cursor sent as
+		// after=%zz would be read as no cursor, the first page again
+		if _, err := url.ParseQuery(r.URL.RawQuery); err != nil {
+			writeError(w, r, http.StatusBadRequest, "query: "+oneLine(err.Error()))
 			return
 		}
 		next(w, r)

@@ -118,6 +118,11 @@ func decodeStep(body io.Reader, lim stepLimits) (*nanostorage.StepEnqueuingWithC
 		}
 		return nil, invalid(jsonProblem(err))
 	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		// as the webhook's json.Unmarshal refuses it: a second object is
+		// a client's mistake (two steps in one body?), never ignored
+		return nil, invalid(fmt.Sprintf("body: more after the step's JSON object (at byte %d); send one object", dec.InputOffset()))
+	}
 	if err := lim.check(req.IDs.count(), req.Commands.count()); err != nil {
 		return nil, err
 	}
@@ -139,6 +144,10 @@ func decodeStep(body io.Reader, lim stepLimits) (*nanostorage.StepEnqueuingWithC
 	}
 	if step.Timeout, err = rfc3339("timeout", req.Timeout); err != nil {
 		return nil, err
+	}
+	if !step.NotUntil.IsZero() && !step.Timeout.IsZero() && !step.Timeout.After(step.NotUntil) {
+		return nil, invalid(fmt.Sprintf("timeout: %s is not after not_until (%s): the step would time out before it is sent",
+			step.Timeout.UTC().Format(time.RFC3339), step.NotUntil.UTC().Format(time.RFC3339)))
 	}
 	return step, nil
 }

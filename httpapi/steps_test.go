@@ -25,6 +25,7 @@ func TestV1RequiresTheAPIKey(t *testing.T) {
 		{"none", func(*http.Request) {}, 401},
 		{"wrong bearer", func(r *http.Request) { r.Header.Set("Authorization", "Bearer nope") }, 401},
 		{"bearer", func(r *http.Request) { r.Header.Set("Authorization", "Bearer "+apiKey) }, 404},
+		{"BEARER (schemes are case-insensitive)", func(r *http.Request) { r.Header.Set("Authorization", "BEARER "+apiKey) }, 404},
 		{"basic, any user", func(r *http.Request) { r.SetBasicAuth("nanocmd", apiKey) }, 404},
 		{"basic, wrong password", func(r *http.Request) { r.SetBasicAuth("x", "nope") }, 401},
 	} {
@@ -101,7 +102,7 @@ func TestV1EnqueueRejectsBadStepsNamingTheFieldAndWritesNothing(t *testing.T) {
 		{"not json", "{", 400, "body: not JSON"},
 		{"empty", "", 400, "body: empty"},
 		{"unknown field", `{"workflowName":"x"}`, 400, `body: unknown field "workflowName"`},
-		{"ids not a list", `{"ids":"A"}`, 400, "ids: want []string"},
+		{"ids not a list", `{"ids":"A"}`, 400, "ids: want an array, got a JSON string"},
 		{"no workflow", step(func(m map[string]any) { delete(m, "workflow_name") }), 400, "workflow_name: missing"},
 		{"no instance", step(func(m map[string]any) { delete(m, "instance_id") }), 400, "instance_id: missing"},
 		{"empty ids", step(func(m map[string]any) { m["ids"] = []string{} }), 400, "ids: empty"},
@@ -111,6 +112,11 @@ func TestV1EnqueueRejectsBadStepsNamingTheFieldAndWritesNothing(t *testing.T) {
 		}), 400, `commands[1].command_uuid: "U" repeats commands[0]`},
 		{"bad base64", step(func(m map[string]any) { m["context"] = "!!" }), 400, "context: not standard base64"},
 		{"bad time", step(func(m map[string]any) { m["timeout"] = "tomorrow" }), 400, `timeout: "tomorrow" is not an RFC 3339 time`},
+		{"timeout before not_until", step(func(m map[string]any) {
+			m["not_until"], m["timeout"] = "2030-01-02T00:00:00Z", "2030-01-01T00:00:00Z"
+		}), 400, "timeout: 2030-01-01T00:00:00Z is not after not_until (2030-01-02T00:00:00Z)"},
+		{"a second object after the step", `{"workflow_name":"wf","instance_id":"i","ids":["A"],"commands":[{"command_uuid":"U-2","request_type":"X"}]} {}`,
+			400, "body: more after the step's JSON object"},
 		{"held uuid", step(func(m map[string]any) {
 			m["ids"] = []string{"NEW-1", "HELD-2"}
 			m["commands"] = []map[string]string{{"command_uuid": "HELD-UUID", "request_type": "DeviceInformation"}}

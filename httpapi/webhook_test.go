@@ -308,3 +308,20 @@ func TestUnknownCommandResultIsCountedAndWarned(t *testing.T) {
 		t.Errorf("log %q, want a warn line naming E-LOST and U-LOST", line)
 	}
 }
+
+// A webhook called with another method is told which one it takes, in the
+// JSON every other refusal has.
+func TestWebhookRefusesOtherMethodsNamingPOST(t *testing.T) {
+	b := setup(t, nil)
+	req, _ := http.NewRequest("GET", b.srv.URL+"/webhook", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var body struct{ Error string }
+	json.NewDecoder(resp.Body).Decode(&body)
+	if resp.StatusCode != http.StatusMethodNotAllowed || resp.Header.Get("Allow") != "POST" || body.Error != "method GET: the webhook takes POST" {
+		t.Errorf("GET /webhook: %d, Allow %q, %+v", resp.StatusCode, resp.Header.Get("Allow"), body)
+	}
+}

@@ -32,6 +32,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
@@ -293,16 +294,24 @@ func (b *budget) observe(delta int64) {
 }
 
 // OneLine keeps a message (which may quote input or a read error) on one
-// line and bounded; the api's messages use it too.
-func OneLine(s string) string {
+// line and bounded to 200 bytes; the api's messages use it too.
+func OneLine(s string) string { return OneLineMax(s, 200) }
+
+// OneLineMax is OneLine bounded to max bytes, cut where a character
+// starts, "…" marking the cut.
+func OneLineMax(s string, max int) string {
 	s = strings.Map(func(r rune) rune {
 		if r < 0x20 {
 			return ' '
 		}
 		return r
 	}, s)
-	if len(s) > 200 {
-		s = s[:200] + "…"
+	if len(s) > max {
+		cut := max
+		for cut > 0 && !utf8.RuneStart(s[cut]) {
+			cut--
+		}
+		s = s[:cut] + "…"
 	}
 	return s
 }

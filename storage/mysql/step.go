@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
 	nanostorage "github.com/micromdm/nanocmd/engine/storage"
 
 	"github.com/stepcollect/stepcollect/storage"
@@ -186,7 +187,35 @@ func (s *Storage) conflict(ctx context.Context, step *nanostorage.StepEnqueuingW
 	if errors.Is(err, errFound) {
 		return storage.Errorf(storage.EConflict, "enrollment %q already holds command %q", enrollment, uuid)
 	}
-	return storage.Errorf(storage.EConflict, "storing step (workflow %s, instance %s): a command UUID is already held by one of its enrollments: %v", step.WorkflowName, step.InstanceID, dupErr)
+	// No enrollment holds one of the commands: the step repeats itself
+	// to the database, which compares ids and UUIDs as their column's
+	// collation does (NanoCMD's schema: case-insensitive, trailing
+	// spaces ignored) where validateStep compared bytes.
+	if i, j, ok := foldedRepeat(step.IDs); ok {
+		return storage.Errorf(storage.EInvalid, "ids[%d]: %q repeats ids[%d] (%q) to the database, which compares ids without regard to case or trailing spaces", i, step.IDs[i], j, step.IDs[j])
+	}
+	if i, j, ok := foldedRepeat(uuids); ok {
+		return storage.Errorf(storage.EInvalid, "commands[%d].command_uuid: %q repeats commands[%d] (%q) to the database, which compares UUIDs without regard to case or trailing spaces", i, uuids[i], j, uuids[j])
+	}
+	var me *mysql.MySQLError
+	if errors.As(dupErr, &me) {
+		dupErr = errors.New(me.Message)
+	}
+	return storage.Errorf(storage.EConflict, "storing step (workflow %s, instance %s): %v: an enrollment and command UUID of it were already held, or the database took two of them to be one", step.WorkflowName, step.InstanceID, dupErr)
+}
+
+// foldedRepeat finds list[i] equal to an earlier list[j] once case and
+// trailing spaces are set aside, as the default collations compare.
+func foldedRepeat(list []string) (i, j int, ok bool) {
+	seen := make(map[string]int, len(list))
+	for i, s := range list {
+		k := strings.ToLower(strings.TrimRight(s, " "))
+		if j, dup := seen[k]; dup {
+			return i, j, true
+		}
+		seen[k] = i
+	}
+	return 0, 0, false
 }
 
 var errFound = errors.New("found")

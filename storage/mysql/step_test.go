@@ -43,6 +43,36 @@ func TestStoreStepConflictNamesTheEnrollmentAndCommandAndWritesNothing(t *testin
 	}
 }
 
+// Ids or UUIDs of one step that differ only in case are different bytes
+// (validateStep lets them by) but one row to the database under NanoCMD's
+// schema's collation: the step is refused as repeating itself, naming
+// both, not as a conflict with some unnamed enrollment.
+func TestStoreStepNamesIdsTheDatabaseTakesForOne(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	before := countRows(t, b.db.DB)
+	for _, tc := range []struct {
+		name   string
+		mutate func(*nanostorage.StepEnqueuingWithConfig)
+		want   string
+	}{
+		{"ids", func(s *nanostorage.StepEnqueuingWithConfig) { s.IDs[2] = strings.ToLower(s.IDs[0]) },
+			`ids[2]: "case-id-00000" repeats ids[0] ("case-ID-00000") to the database, which compares ids without regard to case or trailing spaces`},
+		{"uuids", func(s *nanostorage.StepEnqueuingWithConfig) { s.Commands[1].CommandUUID = strings.ToUpper(s.Commands[0].CommandUUID) },
+			`commands[1].command_uuid: "CASE-UUID-00000" repeats commands[0] ("case-UUID-00000") to the database, which compares UUIDs without regard to case or trailing spaces`},
+	} {
+		step := testkit.FanOut("case", 3, 2)
+		tc.mutate(step)
+		_, err := b.store.StoreStepID(t.Context(), step, time.Now())
+		if storage.ErrorCode(err) != storage.EInvalid || err.Error() != tc.want {
+			t.Errorf("%s: error %v (code %q), want invalid: %q", tc.name, err, storage.ErrorCode(err), tc.want)
+		}
+	}
+	if after := countRows(t, b.db.DB); after != before {
+		t.Errorf("rows after the refused steps: %+v, want unchanged %+v", after, before)
+	}
+}
+
 func TestStoreStepRejectsBadInputNamingTheField(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
