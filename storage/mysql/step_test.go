@@ -58,7 +58,9 @@ func TestStoreStepNamesIdsTheDatabaseTakesForOne(t *testing.T) {
 	}{
 		{"ids", func(s *nanostorage.StepEnqueuingWithConfig) { s.IDs[2] = strings.ToLower(s.IDs[0]) },
 			`ids[2]: "case-id-00000" repeats ids[0] ("case-ID-00000") to the database, which compares ids without regard to case or trailing spaces`},
-		{"uuids", func(s *nanostorage.StepEnqueuingWithConfig) { s.Commands[1].CommandUUID = strings.ToUpper(s.Commands[0].CommandUUID) },
+		{"uuids", func(s *nanostorage.StepEnqueuingWithConfig) {
+			s.Commands[1].CommandUUID = strings.ToUpper(s.Commands[0].CommandUUID)
+		},
 			`commands[1].command_uuid: "CASE-UUID-00000" repeats commands[0] ("case-UUID-00000") to the database, which compares UUIDs without regard to case or trailing spaces`},
 	} {
 		step := testkit.FanOut("case", 3, 2)
