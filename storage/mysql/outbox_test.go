@@ -173,7 +173,8 @@ func TestSendDueStepsWritesOneEventPerStepWithItsRawCommands(t *testing.T) {
 	}
 	var ev events.Event
 	json.Unmarshal(payload, &ev)
-	if ev.Step.StepID != stepID || len(ev.Step.IDs) != 4 || len(ev.Step.Commands) != 2 || string(ev.Step.Commands[0].Command) != "<plist/>" {
+	if ev.Step.StepID != stepID || len(ev.Step.IDs) != 4 || len(ev.Step.Commands) != 2 || string(ev.Step.Commands[0].Command) != "<plist/>" ||
+		string(ev.Step.Context) != "ctx-due" || ev.Step.WorkflowName != step.WorkflowName || ev.Step.StepName != step.Name {
 		t.Errorf("due event %+v", ev)
 	}
 	if n, _ := b.store.SendDueSteps(ctx, time.Now()); n != 0 {

@@ -253,7 +253,7 @@ GROUP BY sc.step_id ORDER BY sc.step_id LIMIT ?`
 	// Worker: steps whose NotUntil passed, claimed so that any number of
 	// workers can run this at once.
 	qClaimDueSteps = `
-SELECT id, workflow_name, instance_id, step_name
+SELECT id, workflow_name, instance_id, step_name, context
 FROM steps WHERE not_until < ?
 ORDER BY not_until, id LIMIT ? FOR UPDATE SKIP LOCKED`
 

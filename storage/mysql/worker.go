@@ -80,7 +80,7 @@ func dueSteps[T any](ctx context.Context, s *Storage, pushTime time.Time, emit d
 			rows, err := queryList(ctx, tx, qClaimDueSteps, []any{dbTime(pushTime), limit}, func(rs *sql.Rows) (dueRow, error) {
 				r := dueRow{se: &nanostorage.StepEnqueueing{}}
 				var name sql.NullString
-				err := rs.Scan(&r.id, &r.se.WorkflowName, &r.se.InstanceID, &name)
+				err := rs.Scan(&r.id, &r.se.WorkflowName, &r.se.InstanceID, &name, &r.se.Context)
 				r.se.Name = name.String
 				return r, err
 			})
