@@ -26,6 +26,9 @@ func (q queueReader) QueueStats(queue string) (metrics.QueueStats, error) {
 	if err != nil {
 		return metrics.QueueStats{}, err
 	}
-	return metrics.QueueStats{Size: info.Size, Latency: info.Latency, Pending: info.Pending, Active: info.Active,
+	// asynq v0.26 documents Size as every state but completed, and adds
+	// completed in: the sweeper's tasks are kept completed a while, and a
+	// "queue not empty" alert on asynq_queue_size never cleared.
+	return metrics.QueueStats{Size: max(0, info.Size-info.Completed), Latency: info.Latency, Pending: info.Pending, Active: info.Active,
 		Scheduled: info.Scheduled, Retry: info.Retry, Archived: info.Archived, Completed: info.Completed}, nil
 }
