@@ -41,13 +41,22 @@ const (
 // which the receiver's dedup on event_id absorbs.
 const DefaultLease = 3 * time.Second
 
+// straggle is how long a loop waits for the POSTs of the batch it claimed
+// before it claims again. Nearly every batch is answered within it, so the
+// loop claims at the pace its receiver answers; a POST that takes longer
+// (a receiver that hangs on some events) keeps its place and holds up the
+// loop's next claim by no more than this.
+const straggle = time.Second
+
 // DispatchConfig configures a Dispatcher. The zero value is the default,
 // but for MaxAttempts and MaxAge, where zero holds nothing.
 type DispatchConfig struct {
-	// Loops is how many claim-deliver-ack loops run at once, so that one
-	// slow batch never holds up the rest. Default 4.
+	// Loops is how many loops claim events at once. Default 4.
 	Loops int
-	// Batch is the most events one loop claims and POSTs at once. Default 64.
+	// Batch is the most events one claim takes. Default 64. A worker has
+	// at most Loops × Batch POSTs in flight: a loop claims as many events
+	// as there are free places, so a POST that hangs holds its own place
+	// and no other event.
 	Batch int
 	// PollInterval is how long an idle loop waits before looking again.
 	// Default 100ms: the delivery latency of a quiet system.
@@ -70,11 +79,16 @@ type DispatchConfig struct {
 }
 
 // Dispatcher delivers the outbox by polling it: each loop claims a batch of
-// events nobody is delivering (FOR UPDATE SKIP LOCKED, then a lease), POSTs
-// them concurrently, acknowledges each as its POST succeeds and gives each
-// failed one a backoff. The outbox decides who delivers, so any
-// number of workers may run it, nothing depends on Redis, and an event
-// whose worker died is delivered by another once its lease lapses.
+// events nobody is delivering (FOR UPDATE SKIP LOCKED, then a lease), up to
+// the places free among Loops × Batch POSTs, and starts their POSTs; each
+// event is acknowledged as its POST succeeds, or given a backoff, and frees
+// its place. A loop waits for the POSTs it started for at most straggle:
+// one that waited for its whole batch held every event claimed after it
+// for as long as the slowest POST (up to the 30 s timeout, for each hung
+// event). The outbox
+// decides who delivers, so any number of workers may run it, nothing
+// depends on Redis, and an event whose worker died is delivered by another
+// once its lease lapses.
 type Dispatcher struct {
 	cfg    DispatchConfig
 	d      *Deliverer
@@ -97,11 +111,21 @@ type Dispatcher struct {
 	acked  map[int64]time.Time
 	claims map[int]time.Time // each loop's claim in progress, since when
 
-	// posts runs every POST of every batch on one of Loops × Batch
-	// goroutines that live as long as Run: a goroutine started for each
-	// POST grew its stack through net/http's client every time (a sixth
-	// of the worker's CPU in a burst, docs/bench/posters-2026-12-04).
+	// posts runs every POST on one of Loops × Batch goroutines that live
+	// as long as Run: a goroutine started for each POST grew its stack
+	// through net/http's client every time (a sixth of the worker's CPU
+	// in a burst, docs/bench/posters-2026-12-04).
 	posts chan func()
+	// places are the POSTs that may start, Loops × Batch in all.
+	places *places
+	// leased is every event posted or being acknowledged, with when its
+	// lease was last taken or renewed: the renewer keeps their leases.
+	leaseMu sync.Mutex
+	leased  map[int64]leasedEvent
+	// delivered takes each event whose POST succeeded to the acknowledger.
+	delivered chan storage.OutboxRef
+	inflight  sync.WaitGroup // POSTs started and not ended
+	abandoned atomic.Int64   // POSTs cut short by a stop
 }
 
 // NewDispatcher returns a Dispatcher posting through d.
@@ -124,9 +148,15 @@ func NewDispatcher(cfg DispatchConfig, d *Deliverer, store DispatchStore) *Dispa
 	if cfg.Drain <= 0 {
 		cfg.Drain = 8 * time.Second
 	}
-	// every loop POSTs a whole batch at once: that many connections, kept
+	// at most Loops × Batch POSTs at once: that many connections, kept
 	d.keepOpen(cfg.Loops * cfg.Batch)
-	return &Dispatcher{cfg: cfg, d: d, store: store, mine: map[int64]bool{}, acked: map[int64]time.Time{}, claims: map[int]time.Time{}}
+	return &Dispatcher{cfg: cfg, d: d, store: store, mine: map[int64]bool{}, acked: map[int64]time.Time{}, claims: map[int]time.Time{},
+		places: newPlaces(cfg.Loops * cfg.Batch), leased: map[int64]leasedEvent{}}
+}
+
+type leasedEvent struct {
+	ref   storage.OutboxRef
+	since time.Time // claimed or last renewed
 }
 
 // Run delivers until ctx ends, then lets the POSTs in flight finish (up to
@@ -146,8 +176,8 @@ func (p *Dispatcher) Run(ctx context.Context) {
 		t.Stop()
 	})
 	defer stop()
-	// every loop has at most Batch POSTs in flight: a send to posts never
-	// waits for another loop's
+	// there are as many posters as places: a send to posts waits for no
+	// other POST
 	p.posts = make(chan func())
 	var posters sync.WaitGroup
 	for range p.cfg.Loops * p.cfg.Batch {
@@ -159,6 +189,14 @@ func (p *Dispatcher) Run(ctx context.Context) {
 	}
 	defer posters.Wait()
 	defer close(p.posts)
+	p.delivered = make(chan storage.OutboxRef, p.cfg.Loops*p.cfg.Batch)
+	ackDone := make(chan struct{})
+	go func() {
+		defer close(ackDone)
+		p.acknowledge(work, p.delivered)
+	}()
+	renewDone := make(chan struct{})
+	go p.renew(work, renewDone)
 	var wg sync.WaitGroup
 	for i := range p.cfg.Loops {
 		wg.Add(1)
@@ -168,13 +206,28 @@ func (p *Dispatcher) Run(ctx context.Context) {
 		}()
 	}
 	wg.Wait()
+	p.inflight.Wait() // within Drain: work ends then
+	close(p.delivered)
+	<-ackDone
+	close(renewDone)
+	if n := p.abandoned.Load(); n > 0 {
+		p.d.logger.Info().Int64(logkeys.Count, n).Stringer("lease", p.cfg.Lease).
+			Msg("stopping: deliveries in flight abandoned; their leases lapse and another worker delivers them")
+	}
 }
 
 func (p *Dispatcher) loop(ctx, work context.Context, i int) {
 	failing := false
 	for ctx.Err() == nil {
+		// a whole batch's places, or what is free after a poll interval:
+		// claims stay large while POSTs end by the millisecond, and a
+		// POST that hangs costs the others no more than the interval
+		n := p.places.take(ctx, p.cfg.Batch, p.cfg.PollInterval)
+		if n == 0 {
+			return // ctx ended
+		}
 		p.claimStarts(i)
-		evs, err := p.store.ClaimDueEvents(ctx, p.cfg.Batch, p.cfg.Lease)
+		evs, err := p.store.ClaimDueEvents(ctx, n, p.cfg.Lease)
 		if errors.Is(err, storage.ErrDeliveryPaused) {
 			if p.paused.CompareAndSwap(false, true) {
 				p.d.logger.Info().Msg("delivery paused by an operator; waiting for POST /v1/delivery/resume")
@@ -195,10 +248,32 @@ func (p *Dispatcher) loop(ctx, work context.Context, i int) {
 			failing = false
 		}
 		claimed := len(evs)
-		if evs = p.own(i, evs); len(evs) > 0 {
-			p.deliverBatch(work, evs)
+		evs = p.own(i, evs)
+		p.places.give(n - len(evs))
+		if len(evs) > 0 {
+			// Wait for the batch's POSTs, but no longer than straggle: a
+			// loop that claims again while its POSTs run finds little due
+			// and claims more often, for fewer events, which cost the
+			// server more in a burst than the loops' waits did.
+			left := atomic.Int32{}
+			left.Store(int32(len(evs)))
+			ended := make(chan struct{})
+			for _, ev := range evs {
+				p.start(work, ev, func() {
+					if left.Add(-1) == 0 {
+						close(ended)
+					}
+				})
+			}
+			t := time.NewTimer(straggle)
+			select {
+			case <-ended:
+			case <-t.C:
+			case <-ctx.Done():
+			}
+			t.Stop()
 		}
-		if claimed < p.cfg.Batch {
+		if claimed < n {
 			select {
 			case <-ctx.Done():
 			case <-time.After(p.cfg.PollInterval):
@@ -259,117 +334,104 @@ func (p *Dispatcher) claimedBefore(t time.Time) bool {
 	return false
 }
 
-// deliverBatch POSTs evs concurrently, renewing the lease of each until it
-// is acknowledged or has failed. Each event is acknowledged as soon as its
-// own POST succeeds, never held for the rest of the batch: a lease that
-// lapsed behind a slow sibling would let another loop deliver it again.
-func (p *Dispatcher) deliverBatch(ctx context.Context, evs []*storage.OutboxEvent) {
-	var (
-		mu        sync.Mutex
-		leased    = make(map[int64]storage.OutboxRef, len(evs)) // in flight or being acknowledged
-		abandoned int
-		wg        sync.WaitGroup
-	)
-	for _, ev := range evs {
-		leased[ev.ID] = ev.OutboxRef
-	}
-	// release ends refs' deliveries, acknowledged (deleted from the
-	// outbox) or not.
-	release := func(acknowledged bool, refs ...storage.OutboxRef) {
-		mu.Lock()
-		for _, r := range refs {
-			delete(leased, r.ID)
+// start POSTs ev, which holds one of the places, on a poster, keeping its
+// lease until it is acknowledged or has failed. It is acknowledged as soon
+// as its own POST succeeds, never held for another's: a lease that lapsed
+// behind a slow sibling would let another worker deliver it again.
+func (p *Dispatcher) start(ctx context.Context, ev *storage.OutboxEvent, ended func()) {
+	p.leaseMu.Lock()
+	p.leased[ev.ID] = leasedEvent{ref: ev.OutboxRef, since: time.Now()}
+	p.leaseMu.Unlock()
+	p.inflight.Add(1)
+	p.posts <- func() {
+		defer p.inflight.Done()
+		defer ended()
+		defer p.places.give(1)
+		outcome, err := p.d.post(ctx, ev)
+		p.d.metrics.Deliveries.WithLabelValues(ev.Type, outcome).Inc()
+		if err == nil {
+			p.delivered <- ev.OutboxRef // keeps its lease until acknowledged
+			return
 		}
-		mu.Unlock()
-		p.mu.Lock()
-		now := time.Now()
-		for _, r := range refs {
-			delete(p.mine, r.ID)
-			if acknowledged && p.claimedBefore(now) {
-				p.acked[r.ID] = now
-			}
+		p.release(false, ev.OutboxRef)
+		if ctx.Err() != nil {
+			p.abandoned.Add(1) // stopping: its lease lapses, another worker takes it
+			return
 		}
-		p.mu.Unlock()
-	}
-	renewDone := make(chan struct{})
-	go func() {
-		t := time.NewTicker(p.cfg.Lease / 3)
-		defer t.Stop()
-		for {
-			select {
-			case <-renewDone:
+		if p.holds(ev) {
+			if herr := p.store.HoldEvent(ctx, ev.OutboxRef, err.Error()); herr != nil {
+				p.d.logger.Warn().Err(herr).Int64(logkeys.OutboxID, ev.ID).Msg("holding a failed event; its lease lapses and it is tried again")
 				return
-			case <-t.C:
-			}
-			mu.Lock()
-			refs := make([]storage.OutboxRef, 0, len(leased))
-			for _, r := range leased {
-				refs = append(refs, r)
-			}
-			mu.Unlock()
-			if len(refs) == 0 {
-				continue
-			}
-			if err := p.store.RenewLeases(ctx, refs, p.cfg.Lease); err != nil {
-				p.d.logger.Warn().Err(err).Msg("renewing delivery leases; another worker may deliver these too (the receiver deduplicates on event_id)")
-			}
-		}
-	}()
-	delivered := make(chan storage.OutboxRef, len(evs))
-	ackDone := make(chan struct{})
-	go func() {
-		defer close(ackDone)
-		p.acknowledge(ctx, delivered, release)
-	}()
-	for _, ev := range evs {
-		wg.Add(1)
-		p.posts <- func() {
-			defer wg.Done()
-			outcome, err := p.d.post(ctx, ev)
-			p.d.metrics.Deliveries.WithLabelValues(ev.Type, outcome).Inc()
-			if err == nil {
-				delivered <- ev.OutboxRef // keeps its lease until acknowledged
-				return
-			}
-			release(false, ev.OutboxRef)
-			if ctx.Err() != nil {
-				mu.Lock()
-				abandoned++ // stopping: its lease lapses, another worker takes it
-				mu.Unlock()
-				return
-			}
-			if p.holds(ev) {
-				if herr := p.store.HoldEvent(ctx, ev.OutboxRef, err.Error()); herr != nil {
-					p.d.logger.Warn().Err(herr).Int64(logkeys.OutboxID, ev.ID).Msg("holding a failed event; its lease lapses and it is tried again")
-					return
-				}
-				p.d.logger.Warn().Err(err).Int64(logkeys.OutboxID, ev.ID).Str(logkeys.EventID, ev.EventID).Str(logkeys.EventType, ev.Type).
-					Int(logkeys.Attempt, ev.Attempts).
-					Msg("delivery failed; event held until released (GET /v1/events?state=held, POST /v1/events/{event_id}/deliver)")
-				return
-			}
-			retryAt := time.Now().Add(p.backoff(ev.Attempts))
-			if ferr := p.store.FailEvent(ctx, ev.OutboxRef, err.Error(), retryAt); ferr != nil {
-				p.d.logger.Warn().Err(ferr).Int64(logkeys.OutboxID, ev.ID).Msg("recording the failed delivery; its lease lapses instead")
 			}
 			p.d.logger.Warn().Err(err).Int64(logkeys.OutboxID, ev.ID).Str(logkeys.EventID, ev.EventID).Str(logkeys.EventType, ev.Type).
-				Int(logkeys.Attempt, ev.Attempts).Time("retry_at", retryAt).Msg("delivery failed; will retry")
+				Int(logkeys.Attempt, ev.Attempts).
+				Msg("delivery failed; event held until released (GET /v1/events?state=held, POST /v1/events/{event_id}/deliver)")
+			return
+		}
+		retryAt := time.Now().Add(p.backoff(ev.Attempts))
+		if ferr := p.store.FailEvent(ctx, ev.OutboxRef, err.Error(), retryAt); ferr != nil {
+			p.d.logger.Warn().Err(ferr).Int64(logkeys.OutboxID, ev.ID).Msg("recording the failed delivery; its lease lapses instead")
+		}
+		p.d.logger.Warn().Err(err).Int64(logkeys.OutboxID, ev.ID).Str(logkeys.EventID, ev.EventID).Str(logkeys.EventType, ev.Type).
+			Int(logkeys.Attempt, ev.Attempts).Time("retry_at", retryAt).Msg("delivery failed; will retry")
+	}
+}
+
+// release ends refs' deliveries, acknowledged (deleted from the outbox) or
+// not: their leases are no longer renewed, and a claim may post them again.
+func (p *Dispatcher) release(acknowledged bool, refs ...storage.OutboxRef) {
+	p.leaseMu.Lock()
+	for _, r := range refs {
+		delete(p.leased, r.ID)
+	}
+	p.leaseMu.Unlock()
+	p.mu.Lock()
+	now := time.Now()
+	for _, r := range refs {
+		delete(p.mine, r.ID)
+		if acknowledged && p.claimedBefore(now) {
+			p.acked[r.ID] = now
 		}
 	}
-	wg.Wait()
-	close(delivered)
-	<-ackDone
-	close(renewDone)
-	if abandoned > 0 {
-		p.d.logger.Info().Int(logkeys.Count, abandoned).Stringer("lease", p.cfg.Lease).
-			Msg("stopping: deliveries in flight abandoned; their leases lapse and another worker delivers them")
+	p.mu.Unlock()
+}
+
+// renew keeps the lease of every event in leased until done: each is
+// renewed once a third of a lease has passed since it was claimed or last
+// renewed, so a POST answered within that (nearly all of them) costs no
+// renewal, and none goes longer than half a lease unrenewed.
+func (p *Dispatcher) renew(ctx context.Context, done <-chan struct{}) {
+	t := time.NewTicker(p.cfg.Lease / 6)
+	defer t.Stop()
+	for {
+		select {
+		case <-done:
+			return
+		case <-t.C:
+		}
+		now := time.Now()
+		var refs []storage.OutboxRef
+		p.leaseMu.Lock()
+		for id, l := range p.leased {
+			if now.Sub(l.since) >= p.cfg.Lease/3 {
+				refs = append(refs, l.ref)
+				p.leased[id] = leasedEvent{ref: l.ref, since: now}
+			}
+		}
+		p.leaseMu.Unlock()
+		if len(refs) == 0 {
+			continue
+		}
+		if err := p.store.RenewLeases(ctx, refs, p.cfg.Lease); err != nil {
+			p.d.logger.Warn().Err(err).Msg("renewing delivery leases; another worker may deliver these too (the receiver deduplicates on event_id)")
+		}
 	}
 }
 
 // acknowledge removes each delivered event as it arrives. Events delivered
 // while an acknowledgement runs go together in the next statement, so a
 // batch answered at once costs a few statements, not one per event.
-func (p *Dispatcher) acknowledge(ctx context.Context, delivered <-chan storage.OutboxRef, release func(bool, ...storage.OutboxRef)) {
+func (p *Dispatcher) acknowledge(ctx context.Context, delivered <-chan storage.OutboxRef) {
 	for ref := range delivered {
 		refs := []storage.OutboxRef{ref}
 	more:
@@ -384,7 +446,7 @@ func (p *Dispatcher) acknowledge(ctx context.Context, delivered <-chan storage.O
 				break more
 			}
 		}
-		release(p.ack(ctx, refs), refs...)
+		p.release(p.ack(ctx, refs), refs...)
 	}
 }
 
@@ -419,4 +481,53 @@ func (p *Dispatcher) holds(ev *storage.OutboxEvent) bool {
 func (p *Dispatcher) backoff(attempts int) time.Duration {
 	d := min(time.Second<<min(max(attempts-1, 0), 16), p.cfg.MaxBackoff)
 	return d/2 + rand.N(d/2+1)
+}
+
+// places counts the POSTs that may start. A loop takes a batch's worth,
+// or, once it has waited its patience, whatever is free; each POST gives
+// its place back as it ends.
+type places struct {
+	mu      sync.Mutex
+	free    int
+	changed chan struct{} // closed, and replaced, whenever free grows
+}
+
+func newPlaces(n int) *places { return &places{free: n, changed: make(chan struct{})} }
+
+// take takes want places, or after patience at least one, and says how
+// many; 0 once ctx ends.
+func (pl *places) take(ctx context.Context, want int, patience time.Duration) int {
+	timer := time.NewTimer(patience)
+	defer timer.Stop()
+	waited := false
+	for {
+		pl.mu.Lock()
+		if pl.free >= want || (pl.free > 0 && waited) {
+			n := min(pl.free, want)
+			pl.free -= n
+			pl.mu.Unlock()
+			return n
+		}
+		changed := pl.changed
+		pl.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return 0
+		case <-changed:
+		case <-timer.C:
+			waited = true
+		}
+	}
+}
+
+// give gives n places back.
+func (pl *places) give(n int) {
+	if n <= 0 {
+		return
+	}
+	pl.mu.Lock()
+	pl.free += n
+	close(pl.changed)
+	pl.changed = make(chan struct{})
+	pl.mu.Unlock()
 }

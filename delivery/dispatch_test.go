@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -371,4 +372,45 @@ func TestAWorkerDoesNotPostAgainWhatItAcknowledgedWhileAClaimRan(t *testing.T) {
 	if n := posts.Load(); n != 1 {
 		t.Errorf("the event was posted %d times by one worker, want 1: a claim that read it before its acknowledgement posted it again", n)
 	}
+}
+
+// A receiver that hangs on some events holds their places and nothing
+// else: with one loop, an event whose POST hung used to hold up every
+// event claimed after it until the POST's 30 s timeout, and a loop for
+// each hung event stopped delivery altogether. Here two POSTs hang until
+// the end while twenty events written after them are delivered.
+func TestAHangingPOSTHoldsUpNoOtherEvent(t *testing.T) {
+	t.Parallel()
+	db, store := testkit.NewStorage(t, stepmysql.WithOutbox())
+	rcv := testkit.NewReceiver(t, testkit.ReceiverOptions{CompletionsOnly: true})
+	completions(t, store, "hang", 2)
+	release := make(chan struct{})
+	var hanging atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		var ev events.Event
+		if json.Unmarshal(body, &ev) == nil && len(ev.Step.IDs) == 1 && strings.HasPrefix(ev.Step.IDs[0], "hang-") {
+			hanging.Add(1)
+			<-release
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		rcv.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	runDispatcher(t, delivery.DispatchConfig{Loops: 1, Batch: 8, PollInterval: 20 * time.Millisecond}, srv.URL, store)
+	var once sync.Once
+	free := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(free) // before the dispatcher stops, which waits for its POSTs
+	testkit.WaitUntil(t, 15*time.Second, "both hanging POSTs in flight (hanging)", func() (bool, any) {
+		return hanging.Load() == 2, hanging.Load()
+	})
+	completions(t, store, "after", 20)
+	awaitDelivered(t, rcv, 20, "the twenty events written while two POSTs hang")
+	free()
+	awaitDelivered(t, rcv, 22, "the two once their POSTs are answered")
+	awaitOutboxEmpty(t, db)
+	if n := hanging.Load(); n != 2 {
+		t.Errorf("the hanging events were posted %d times, want 2 (their leases are renewed while they hang)", n)
+	}
+	rcv.Check(t)
 }
