@@ -204,12 +204,15 @@ func (s *Storage) conflict(ctx context.Context, step *nanostorage.StepEnqueuingW
 	return storage.Errorf(storage.EConflict, "storing step (workflow %s, instance %s): %v: an enrollment and command UUID of it were already held, or the database took two of them to be one", step.WorkflowName, step.InstanceID, dupErr)
 }
 
-// foldedRepeat finds list[i] equal to an earlier list[j] once case and
-// trailing spaces are set aside, as the default collations compare.
+// foldID is id as the default collations compare it: case and trailing
+// spaces set aside.
+func foldID(id string) string { return strings.ToLower(strings.TrimRight(id, " ")) }
+
+// foldedRepeat finds list[i] equal to an earlier list[j] under foldID.
 func foldedRepeat(list []string) (i, j int, ok bool) {
 	seen := make(map[string]int, len(list))
 	for i, s := range list {
-		k := strings.ToLower(strings.TrimRight(s, " "))
+		k := foldID(s)
 		if j, dup := seen[k]; dup {
 			return i, j, true
 		}
@@ -353,5 +356,40 @@ func (s *Storage) RetrieveOutstandingWorkflowStatus(ctx context.Context, workflo
 	if err != nil {
 		return nil, fmt.Errorf("outstanding ids (workflow %s, %d ids): %w", workflowName, len(ids), err)
 	}
-	return out, nil
+	return asAsked(out, ids), nil
+}
+
+// asAsked names each id the database found as the caller asked for it. The
+// database matches ids as their column's collation compares them (in
+// NanoCMD's schema, without regard to case or trailing spaces), and the
+// engine takes the ids it is told are running out of the ones it starts
+// by exact comparison: told "CaseA" is running, it started an exclusive
+// workflow again for "casea", the same enrollment to the database (and to
+// the MDM server), with its step stored under the other spelling.
+func asAsked(found, asked []string) []string {
+	if len(found) == 0 {
+		return found
+	}
+	byFold := make(map[string][]string, len(asked))
+	for _, id := range asked {
+		byFold[foldID(id)] = append(byFold[foldID(id)], id)
+	}
+	out := make([]string, 0, len(found))
+	seen := make(map[string]bool, len(found))
+	add := func(id string) {
+		if !seen[id] {
+			seen[id] = true
+			out = append(out, id)
+		}
+	}
+	for _, id := range found {
+		spelt := byFold[foldID(id)]
+		if len(spelt) == 0 {
+			add(id) // a collation that folds more than case: as found
+		}
+		for _, a := range spelt { // the exact spelling among them
+			add(a)
+		}
+	}
+	return out
 }

@@ -7,6 +7,7 @@ import (
 	"go/token"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -72,6 +73,29 @@ func TestStoreStepNamesIdsTheDatabaseTakesForOne(t *testing.T) {
 	}
 	if after := countRows(t, b.db.DB); after != before {
 		t.Errorf("rows after the refused steps: %+v, want unchanged %+v", after, before)
+	}
+}
+
+// The engine takes the running ids out of the ones it starts by exact
+// comparison, so the running ones are named as it asked for them: an
+// exclusive workflow running for "case-ID-00000" is running for
+// "CASE-ID-00000" too, the same row to the database.
+func TestOutstandingWorkflowStatusNamesIdsAsAsked(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	step := b.stored(t, "case", 2, 1)
+	upper := strings.ToUpper(step.IDs[0])
+	for _, tc := range []struct{ asked, want []string }{
+		{[]string{step.IDs[0], "other"}, []string{step.IDs[0]}},
+		{[]string{upper, "other"}, []string{upper}},
+		{[]string{upper, step.IDs[0], step.IDs[1]}, []string{upper, step.IDs[0], step.IDs[1]}},
+	} {
+		got, err := b.store.RetrieveOutstandingWorkflowStatus(t.Context(), step.WorkflowName, tc.asked)
+		slices.Sort(got)
+		slices.Sort(tc.want)
+		if err != nil || !slices.Equal(got, tc.want) {
+			t.Errorf("asked %q: %q, %v; want %q", tc.asked, got, err, tc.want)
+		}
 	}
 }
 
