@@ -68,7 +68,7 @@ func ParseWorkerConfig(args []string, getenv func(string) string) (WorkerConfig,
 	callback := s.URL("callback-url", "STEPCOLLECT_CALLBACK_URL", "", "where events are POSTed; none: events wait in the outbox")
 	callbackKey := s.Secret("callback-hmac-key", "STEPCOLLECT_CALLBACK_HMAC_KEY", "signs each callback body (X-Stepcollect-Signature)")
 	maxAttempts := s.Int("max-delivery-attempts", "STEPCOLLECT_MAX_DELIVERY_ATTEMPTS", delivery.DefaultMaxDeliveryAttempts,
-		"failed tries after which an event is held until an operator releases it (tries come 5-10s apart at the backoff cap: the default is 3-5 hours); 0: never")
+		"failed tries after which an event is held until an operator releases it (tries come 5-10s apart at the backoff cap: the default lasts 2.8-5.6 hours); 0: never")
 	maxAge := s.Duration("max-delivery-age", "STEPCOLLECT_MAX_DELIVERY_AGE", delivery.DefaultMaxDeliveryAge,
 		"age (since written or released) after which an event whose try fails is held until an operator releases it; 0: never")
 	pushURL := s.URL("push-url", "STEPCOLLECT_PUSH_URL", "",

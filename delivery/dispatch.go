@@ -25,7 +25,7 @@ type DispatchStore interface {
 
 // Defaults of the worker's -max-delivery-attempts and -max-delivery-age.
 // At the 10 s backoff cap, with jitter, tries come 5 to 10 s apart, so 2000
-// attempts last at least 2.7 hours (4 on average): a receiver that is down
+// attempts last at least 2.8 hours (4 on average): a receiver that is down
 // for an hour or two holds nothing, a receiver that refuses one event for
 // ever has it set aside by the afternoon (docs/reference.md).
 const (
