@@ -258,6 +258,12 @@ func TestDefaultStepTimeoutAppliesWhenTheBodyHasNone(t *testing.T) {
 	if got, ok := timeout(post(c, "U-2", map[string]any{"not_until": notUntil.Format(time.RFC3339)})); !ok || !got.Equal(notUntil.Add(72*time.Hour)) {
 		t.Errorf("not_until %v: timeout %v, want not_until+72h", notUntil, got)
 	}
+	// a not_until near the end of what MySQL stores: the default timeout
+	// stops there, not a refusal naming a timeout the caller never sent
+	last := time.Date(2038, 1, 19, 3, 14, 7, 0, time.UTC)
+	if got, ok := timeout(post(c, "U-5", map[string]any{"not_until": "2038-01-18T00:00:00Z"})); !ok || !got.Equal(last) {
+		t.Errorf("not_until 2038-01-18: timeout %v %v, want %v", got, ok, last)
+	}
 	own := time.Now().Add(time.Hour).UTC().Truncate(time.Second)
 	if got, _ := timeout(post(c, "U-3", map[string]any{"timeout": own.Format(time.RFC3339)})); !got.Equal(own) {
 		t.Errorf("own timeout %v became %v", own, got)
