@@ -2,6 +2,7 @@ package httpapi_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -270,5 +271,22 @@ func TestDefaultStepTimeoutAppliesWhenTheBodyHasNone(t *testing.T) {
 	}
 	if _, ok := timeout(post(b.client, "U-4", nil)); ok {
 		t.Errorf("default 0: a timeout was set")
+	}
+}
+
+// A conflict names the enrollment and the UUID in full, however long they
+// are (ids up to 255 bytes, UUIDs up to 127): error lines were cut at 200
+// bytes, before the names the message is there to give.
+func TestV1ConflictNamesLongIdsInFull(t *testing.T) {
+	b := setup(t, nil)
+	id, uuid := "ENROLLMENT-"+strings.Repeat("x", 244), "UUID-"+strings.Repeat("y", 122)
+	b.enqueue(t, "wf.long", []string{id}, uuid)
+	status, body := b.client.V1(t, "POST", "/v1/steps", map[string]any{
+		"workflow_name": "wf.long2", "instance_id": "i", "ids": []string{id},
+		"commands": []map[string]string{{"command_uuid": uuid, "request_type": "DeviceInformation"}},
+	})
+	want := fmt.Sprintf("enrollment %q already holds command %q", id, uuid)
+	if msg, _ := body["error"].(string); status != http.StatusConflict || msg != want {
+		t.Errorf("%d %q, want 409 %q", status, msg, want)
 	}
 }
