@@ -56,10 +56,10 @@ func (s *Server) enqueueStep(w http.ResponseWriter, r *http.Request, body []byte
 			from = step.NotUntil
 		}
 		step.Timeout = from.Add(s.cfg.DefaultStepTimeout).Truncate(time.Second)
-		if step.Timeout.After(lastStorableTime) {
+		if step.Timeout.After(storage.LastStorableTime) {
 			// the caller sent no timeout: one it did not send must not
 			// refuse a not_until that MySQL can store
-			step.Timeout = lastStorableTime
+			step.Timeout = storage.LastStorableTime
 		}
 	}
 	id, err := s.cfg.Store.StoreStepID(r.Context(), step, now)
@@ -102,10 +102,6 @@ func (l stepLimits) check(ids, commands int) error {
 	}
 	return nil
 }
-
-// lastStorableTime is the last time a TIMESTAMP column holds (MySQL 8, and
-// MariaDB before 11.5; storage/mysql refuses a later not_until or timeout).
-var lastStorableTime = time.Date(2038, 1, 19, 3, 14, 7, 0, time.UTC)
 
 // decodeStep decodes POST /v1/steps's body. Every error is a one-line
 // storage.Error naming the field: EInvalid, or ETooLarge for a step over

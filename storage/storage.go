@@ -178,3 +178,7 @@ type Gauges struct {
 	OutboxHeld     int
 	DeliveryPaused bool
 }
+
+// LastStorableTime is the latest not_until or timeout a step can have: the
+// end of a TIMESTAMP column's range on MySQL 8 and on MariaDB before 11.5.
+var LastStorableTime = time.Date(2038, 1, 19, 3, 14, 7, 0, time.UTC)

@@ -291,7 +291,7 @@ func validateStep(step *nanostorage.StepEnqueuingWithConfig) error {
 // such, not a storage failure to retry.
 var (
 	minStorableTime = time.Date(1970, 1, 1, 0, 0, 1, 0, time.UTC)
-	maxStorableTime = time.Date(2038, 1, 19, 3, 14, 7, 0, time.UTC)
+	maxStorableTime = storage.LastStorableTime
 )
 
 func storableTime(t time.Time) bool {
