@@ -132,6 +132,7 @@ const requestTimeout = 2 * time.Minute
 type API struct {
 	cfg     APIConfig
 	handoff *collector.Handoff
+	ns      *tasks.Namespace
 	logger  zerolog.Logger
 	db      *sql.DB
 	enq     *tasks.Enqueuer
@@ -185,7 +186,7 @@ func NewAPI(ctx context.Context, cfg APIConfig, logger zerolog.Logger) (*API, er
 		return nil, fmt.Errorf("-listen: %w", err)
 	}
 	a := &API{
-		cfg: cfg, logger: logger, db: db, enq: enq, ln: ln, handoff: d.handoff,
+		cfg: cfg, logger: logger, db: db, enq: enq, ln: ln, handoff: d.handoff, ns: d.ns,
 		http: &http.Server{
 			Handler:           handler,
 			ReadHeaderTimeout: 10 * time.Second,
@@ -228,6 +229,9 @@ func (a *API) Run(ctx context.Context) error {
 	// is enqueued after they are answered.
 	hctx, stopHandoff := context.WithCancel(context.WithoutCancel(ctx))
 	go a.handoff.Run(hctx)
+	// on a database not migrated yet (-migrate=false) the queues' names
+	// come once it is; the hand-off keeps what it cannot enqueue meanwhile
+	go awaitNamespace(ctx, a.db, a.ns, a.logger)
 	defer func() { stopHandoff(); <-a.handoff.Done() }()
 	errc := make(chan error, 2)
 	go func() { errc <- a.http.Serve(a.ln) }()

@@ -78,6 +78,7 @@ func addCommonFlags(s *config.Set) *commonFlags {
 // the enqueuer, and the storage on its pool, all wired to one another.
 type deps struct {
 	redisOpt asynq.RedisConnOpt
+	ns       *tasks.Namespace // the deployment's queue names, once read
 	metrics  *metrics.Set
 	enq      *tasks.Enqueuer
 	handoff  *collector.Handoff // the api's, nil in the worker
@@ -100,8 +101,9 @@ func openDeps(ctx context.Context, redisURL, dsn string, maxConns int, tryTimeou
 		return nil, fmt.Errorf("-redis-url: %w", config.RedactError(err, redisURL))
 	}
 	redis.SetLogger(redisLogger{logger.With().Str("component", "redis").Logger(), []string{redisURL, dsn}})
-	d := &deps{redisOpt: redisOpt, metrics: newMetrics(redisOpt)}
-	d.enq = tasks.NewEnqueuer(redisOpt, tasks.OnEnqueueFailure(d.metrics.Enqueue.Failed))
+	d := &deps{redisOpt: redisOpt, ns: tasks.NewNamespace(tasks.QueueNames{})}
+	d.metrics = newMetrics(redisOpt, d.ns)
+	d.enq = tasks.NewEnqueuer(redisOpt, tasks.WithNamespace(d.ns), tasks.OnEnqueueFailure(d.metrics.Enqueue.Failed))
 	opts := []stepmysql.Option{stepmysql.WithObserver(d.metrics.Storage), stepmysql.WithOutbox()}
 	if tryTimeout != 0 {
 		opts = append(opts, stepmysql.WithAttemptTimeout(max(tryTimeout, 0)))
@@ -119,6 +121,13 @@ func openDeps(ctx context.Context, redisURL, dsn string, maxConns int, tryTimeou
 		return nil, config.RedactError(err, dsn, redisURL)
 	}
 	d.secrets = []string{dsn, redisURL}
+	if err := readNamespace(ctx, d.db, d.ns); err != nil && migrate {
+		// migrated just now, so it is there: the database failed
+		d.close()
+		return nil, config.RedactError(fmt.Errorf("mysql: %w", err), dsn, redisURL)
+	}
+	// without -migrate on a database not migrated yet, the binaries wait
+	// for it (awaitNamespace) while /readyz says why
 	d.metrics.RegisterDB(d.db)
 	d.metrics.Up("mysql", func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
@@ -208,10 +217,10 @@ func readyChecks(db *sql.DB, enq *tasks.Enqueuer, needRedis bool, secrets []stri
 	}
 }
 
-// newMetrics is the full metric set, with asynq's queues read through an
-// Inspector that gives up quickly when Redis is down.
-func newMetrics(redisOpt asynq.RedisConnOpt) *metrics.Set {
-	return metrics.New(newQueueReader(redisOpt), tasks.TaskTypes(), tasks.AllQueues()...)
+// newMetrics is the full metric set, with the deployment's queues (ns)
+// read through an Inspector that gives up quickly when Redis is down.
+func newMetrics(redisOpt asynq.RedisConnOpt, ns *tasks.Namespace) *metrics.Set {
+	return metrics.New(newQueueReader(redisOpt, ns), tasks.TaskTypes(), tasks.QueueLabels()...)
 }
 
 // mysqlLogger routes go-sql-driver's own messages (broken connections) to

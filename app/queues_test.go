@@ -8,6 +8,7 @@ import (
 	"github.com/hibiken/asynq"
 
 	"github.com/stepcollect/stepcollect/internal/testkit"
+	"github.com/stepcollect/stepcollect/tasks"
 )
 
 // A task kept completed (asynq.Retention, as the sweeper's are) is not in
@@ -18,14 +19,22 @@ func TestQueueSizeLeavesOutCompletedTasks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	const queue = "sizetest"
+	names := tasks.NamesFor("sizetest")
+	queue := names.Collect
 	client := asynq.NewClient(opt)
 	defer client.Close()
 	if _, err := client.Enqueue(asynq.NewTask("size.test", nil), asynq.Queue(queue), asynq.Retention(time.Hour)); err != nil {
 		t.Fatal(err)
 	}
-	qr := newQueueReader(opt)
-	if st, err := qr.QueueStats(queue); err != nil || st.Size != 1 || st.Pending != 1 {
+	// another deployment's queue on the same Redis database is not this one's
+	if _, err := client.Enqueue(asynq.NewTask("size.test", nil), asynq.Queue(tasks.NamesFor("other").Collect)); err != nil {
+		t.Fatal(err)
+	}
+	qr := newQueueReader(opt, tasks.NewNamespace(names))
+	if qs, err := qr.Queues(); err != nil || len(qs) != 1 || qs[0] != tasks.QueueCollect {
+		t.Errorf("queues: %q, %v; want only this deployment's %q", qs, err, tasks.QueueCollect)
+	}
+	if st, err := qr.QueueStats(tasks.QueueCollect); err != nil || st.Size != 1 || st.Pending != 1 {
 		t.Fatalf("before it runs: %+v, %v; want size 1, pending 1", st, err)
 	}
 	srv := asynq.NewServer(opt, asynq.Config{Queues: map[string]int{queue: 1}, Concurrency: 1, LogLevel: asynq.FatalLevel})
@@ -34,10 +43,10 @@ func TestQueueSizeLeavesOutCompletedTasks(t *testing.T) {
 	}
 	defer srv.Shutdown()
 	testkit.WaitUntil(t, 15*time.Second, "the task kept completed (queue stats)", func() (bool, any) {
-		st, err := qr.QueueStats(queue)
+		st, err := qr.QueueStats(tasks.QueueCollect)
 		return err == nil && st.Completed == 1, st
 	})
-	if st, err := qr.QueueStats(queue); err != nil || st.Size != 0 {
+	if st, err := qr.QueueStats(tasks.QueueCollect); err != nil || st.Size != 0 {
 		t.Errorf("once completed: %+v, %v; want size 0", st, err)
 	}
 }

@@ -113,7 +113,8 @@ type Worker struct {
 	db         *sql.DB
 	store      *stepmysql.Storage
 	enq        *tasks.Enqueuer
-	srv        *asynq.Server // collection, sweeps, schedules
+	ns         *tasks.Namespace
+	srv        *asynq.Server // collection, sweeps, schedules; made once ns is known
 	mux        *asynq.ServeMux
 	sweeper    *collector.Sweeper
 	dispatcher *delivery.Dispatcher
@@ -131,7 +132,7 @@ func NewWorker(ctx context.Context, cfg WorkerConfig, logger zerolog.Logger) (*W
 	}
 	redisOpt, m, enq, db, store := d.redisOpt, d.metrics, d.enq, d.db, d.store
 
-	w := &Worker{cfg: cfg, redisOpt: redisOpt, logger: logger, db: db, store: store, enq: enq}
+	w := &Worker{cfg: cfg, redisOpt: redisOpt, logger: logger, db: db, store: store, enq: enq, ns: d.ns}
 	// Events are offered by the dispatcher, which polls the outbox; the
 	// sweeper only counts them.
 	w.sweeper = collector.NewSweeper(collector.SweeperConfig{Interval: cfg.SweepInterval},
@@ -147,7 +148,6 @@ func NewWorker(ctx context.Context, cfg WorkerConfig, logger zerolog.Logger) (*W
 	w.mux.Handle(tasks.TypeCollect, collector.NewHandler(store, logger.With().Str("component", "collector").Logger()))
 	w.mux.Handle(tasks.TypeSweep, w.sweeper)
 	w.mux.Handle(tasks.TypeSchedule, w.scheduler)
-	w.srv = asynq.NewServer(redisOpt, asynqConfig(cfg, tasks.Queues(), logger.With().Str("component", "asynq").Logger()))
 
 	deliverer := delivery.New(delivery.Config{URL: cfg.CallbackURL, HMACKey: []byte(cfg.CallbackHMACKey)},
 		m.Delivery, logger.With().Str("component", "delivery").Logger())
@@ -179,6 +179,12 @@ func (w *Worker) Run(ctx context.Context) error {
 	defer w.close()
 	httpErr := make(chan error, 1)
 	go func() { httpErr <- w.http.Serve(w.ln) }()
+	// The queues are named by the deployment's database: on one not
+	// migrated yet (-migrate=false) the worker waits, /readyz saying why.
+	if err := awaitNamespace(ctx, w.db, w.ns, w.logger); err != nil {
+		return w.stopHTTP(nil)
+	}
+	w.srv = asynq.NewServer(w.redisOpt, asynqConfig(w.cfg, w.ns.Names().Priorities(), w.logger.With().Str("component", "asynq").Logger()))
 	if err := w.srv.Start(w.mux); err != nil {
 		return fmt.Errorf("starting asynq server: %w", err)
 	}
@@ -198,6 +204,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		push = "none: no re-push"
 	}
 	w.logger.Info().Str("metrics", "http://"+w.MetricsAddr()+"/metrics").Int("concurrency", w.cfg.Concurrency).
+		Str("collect_queue", w.ns.Names().Collect).
 		Stringer("sweep_interval", w.cfg.SweepInterval).Stringer("schedule_interval", w.cfg.ScheduleInterval).
 		Str("callback_url", callback).Int("max_delivery_attempts", w.cfg.MaxDeliveryAttempts).
 		Str("max_delivery_age", w.cfg.MaxDeliveryAge.String()).Str("push_url", push).
@@ -214,6 +221,11 @@ func (w *Worker) Run(ctx context.Context) error {
 	for range nTickers {
 		<-tickers
 	}
+	return w.stopHTTP(err)
+}
+
+// stopHTTP stops the metrics listener and returns err.
+func (w *Worker) stopHTTP(err error) error {
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	w.http.Shutdown(shutdownCtx)

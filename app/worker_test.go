@@ -36,9 +36,16 @@ func setupWorker(t *testing.T) *workerBundle {
 	if err != nil {
 		t.Fatal(err)
 	}
-	enq := tasks.NewEnqueuer(redisOpt, tasks.WithCooldown(100*time.Millisecond))
+	// the worker's queues are named by the database, made just below
+	ns := tasks.NewNamespace(tasks.QueueNames{})
+	enq := tasks.NewEnqueuer(redisOpt, tasks.WithCooldown(100*time.Millisecond), tasks.WithNamespace(ns))
 	t.Cleanup(func() { enq.Close() })
 	db, results := testkit.NewStorage(t, stepmysql.WithReleaseSink(enq))
+	v, err := stepmysql.QueueNamespace(t.Context(), db.DB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns.Set(tasks.NamesFor(v))
 	return &workerBundle{db: db, redis: rs, results: results, enq: enq}
 }
 

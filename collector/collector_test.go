@@ -64,7 +64,7 @@ func TestTheSameCollectTaskDeliveredTwiceIsHarmless(t *testing.T) {
 	done := b.storeStep(t, "done", 2)    // unreferenced
 	halfway := b.storeStep(t, "half", 1) // still referenced by B
 
-	task, _, err := tasks.NewCollectTask([]storage.ReleasedStep{
+	task, _, err := tasks.NewCollectTask(tasks.QueueCollect, []storage.ReleasedStep{
 		{ID: done, ObservedAt: time.Now()}, {ID: halfway, ObservedAt: time.Now()}})
 	if err != nil {
 		t.Fatal(err)

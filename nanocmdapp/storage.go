@@ -7,6 +7,7 @@ package nanocmdapp
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"path/filepath"
@@ -159,7 +160,7 @@ func mysqlStorage(ctx context.Context, cfg *Config, zl zerolog.Logger, reg prome
 		enq     *tasks.Enqueuer
 	)
 	if cfg.RedisURL != "" {
-		if handoff, enq, err = newHandoff(cfg.RedisURL, reg, zl); err != nil {
+		if handoff, enq, err = newHandoff(startCtx, cfg.RedisURL, db, reg, zl); err != nil {
 			return nil, err
 		}
 		defer func() {
@@ -209,14 +210,20 @@ func mysqlStorage(ctx context.Context, cfg *Config, zl zerolog.Logger, reg prome
 // newHandoff is the api's hand-off onto the worker's queue at redisURL:
 // each commit's released steps are batched off the request path; Redis
 // being down delays collection (the worker's sweep is the backstop), never
-// a result. Its failures and drops are counted on reg, as the api's.
-func newHandoff(redisURL string, reg prometheus.Registerer, zl zerolog.Logger) (*collector.Handoff, *tasks.Enqueuer, error) {
+// a result. Its failures and drops are counted on reg, as the api's. The
+// queue is the one db's deployment names (stepmysql.QueueNamespace), as
+// the worker on the same database reads it.
+func newHandoff(ctx context.Context, redisURL string, db *sql.DB, reg prometheus.Registerer, zl zerolog.Logger) (*collector.Handoff, *tasks.Enqueuer, error) {
 	redisOpt, err := asynq.ParseRedisURI(redisURL)
 	if err != nil {
 		return nil, nil, fmt.Errorf("-redis-url: %w", config.RedactError(err, redisURL))
 	}
+	ns, err := stepmysql.QueueNamespace(ctx, db)
+	if err != nil {
+		return nil, nil, fmt.Errorf("-storage-dsn: %w", err)
+	}
 	m := metrics.NewEnqueue(reg, tasks.TaskTypes()...)
-	enq := tasks.NewEnqueuer(redisOpt, tasks.OnEnqueueFailure(m.Failed))
+	enq := tasks.NewEnqueuer(redisOpt, tasks.WithNamespace(tasks.NewNamespace(tasks.NamesFor(ns))), tasks.OnEnqueueFailure(m.Failed))
 	h := collector.NewHandoff(collector.HandoffConfig{OnDrop: func(n int) { m.HandoffDropped.Add(float64(n)) }},
 		enq, zl.With().Str("component", "handoff").Logger())
 	return h, enq, nil

@@ -30,7 +30,7 @@ func (f *fakeStore) TimeOutSteps(_ context.Context, now time.Time) (int, error) 
 }
 
 func scheduleTask(t *testing.T) *asynq.Task {
-	task, _, err := tasks.NewScheduleTask(time.Now().Truncate(time.Second), time.Second)
+	task, _, err := tasks.NewScheduleTask(tasks.QueueSweep, time.Now().Truncate(time.Second), time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}

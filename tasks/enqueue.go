@@ -22,6 +22,7 @@ import (
 // costs the MDM-facing path almost nothing.
 type Enqueuer struct {
 	client   *asynq.Client
+	ns       *Namespace
 	onFail   func(task string)
 	timeout  time.Duration
 	cooldown time.Duration
@@ -51,10 +52,19 @@ func WithEnqueueTimeout(d time.Duration) EnqueuerOption { return func(e *Enqueue
 // WithCooldown is how long enqueues fail fast after a failure. Default 1s.
 func WithCooldown(d time.Duration) EnqueuerOption { return func(e *Enqueuer) { e.cooldown = d } }
 
+// WithNamespace puts the tasks on the queues ns names (the binaries':
+// their deployment's). Without it they go on NamesFor("").
+func WithNamespace(ns *Namespace) EnqueuerOption { return func(e *Enqueuer) { e.ns = ns } }
+
+// ErrNoNamespace is returned while the queues' names are not known: the
+// deployment's database has not been migrated yet.
+var ErrNoNamespace = errors.New("the queues' names are not known yet: the database is not migrated (the sweeper will find the work)")
+
 // NewEnqueuer returns an Enqueuer on Redis r.
 func NewEnqueuer(r asynq.RedisConnOpt, opts ...EnqueuerOption) *Enqueuer {
 	e := &Enqueuer{
 		client:   asynq.NewClient(WithFastFailure(r)),
+		ns:       NewNamespace(NamesFor("")),
 		onFail:   func(string) {},
 		timeout:  time.Second,
 		cooldown: time.Second,
@@ -77,7 +87,7 @@ func (e *Enqueuer) EnqueueCollect(ctx context.Context, steps []storage.ReleasedS
 	if len(steps) == 0 {
 		return nil
 	}
-	t, opts, err := NewCollectTask(steps)
+	t, opts, err := NewCollectTask(e.ns.Names().Collect, steps)
 	if err != nil {
 		return err
 	}
@@ -94,7 +104,7 @@ func (e *Enqueuer) StepsReleased(ctx context.Context, steps []storage.ReleasedSt
 
 // EnqueueSchedule enqueues the schedule task of the slot starting at slot.
 func (e *Enqueuer) EnqueueSchedule(ctx context.Context, slot time.Time, interval time.Duration) error {
-	t, opts, err := NewScheduleTask(slot, interval)
+	t, opts, err := NewScheduleTask(e.ns.Names().Sweep, slot, interval)
 	if err != nil {
 		return err
 	}
@@ -104,7 +114,7 @@ func (e *Enqueuer) EnqueueSchedule(ctx context.Context, slot time.Time, interval
 // EnqueueSweep enqueues the sweep of the slot starting at slot. Another
 // replica having done so already is success.
 func (e *Enqueuer) EnqueueSweep(ctx context.Context, slot time.Time, interval time.Duration) error {
-	t, opts, err := NewSweepTask(slot, interval)
+	t, opts, err := NewSweepTask(e.ns.Names().Sweep, slot, interval)
 	if err != nil {
 		return err
 	}
@@ -123,6 +133,10 @@ func (e *Enqueuer) enqueue(ctx context.Context, t *asynq.Task, opts []asynq.Opti
 	if err := ctx.Err(); err != nil {
 		// the caller gave up: says nothing about Redis
 		return fmt.Errorf("enqueue %s: %w", t.Type(), err)
+	}
+	if !e.ns.Names().Known() {
+		e.onFail(t.Type())
+		return fmt.Errorf("enqueue %s: %w", t.Type(), ErrNoNamespace)
 	}
 	e.mu.Lock()
 	cooling := time.Now().Before(e.downUntil)

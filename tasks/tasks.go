@@ -44,6 +44,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -64,16 +65,93 @@ func TaskTypes() []string { return []string{TypeCollect, TypeSweep, TypeSchedule
 // Queues. Sweeps and schedules have their own queue so a backlog of collect
 // tasks never delays the sweep that would find what the backlog cannot.
 // Events are not queued: the worker's dispatcher polls the outbox.
+//
+// These are the queues' labels in metrics (asynq_queue_size{queue}) and the
+// prefixes of their names in Redis, which end in the deployment's
+// namespace (NamesFor).
 const (
 	QueueCollect = "stepcollect"
 	QueueSweep   = "stepcollect_sweep"
 )
 
-// Queues returns the worker's collection queues with their priorities.
-func Queues() map[string]int { return map[string]int{QueueCollect: 6, QueueSweep: 4} }
+// QueueLabels lists every queue's label, for metrics.
+func QueueLabels() []string { return []string{QueueCollect, QueueSweep} }
 
-// AllQueues lists every queue, for metrics.
-func AllQueues() []string { return []string{QueueCollect, QueueSweep} }
+// QueueNames are one deployment's queues in Redis.
+//
+// A deployment's processes find each other's tasks by queue name alone, so
+// two deployments on one Redis database (test stacks side by side, staging
+// beside production) would otherwise take each other's collect tasks (each
+// checks the step ids against its own database: the other's steps wait for
+// a sweep) and share the sweep and schedule slots, whose TaskIDs name only
+// the time: one deployment's sweep or schedule run would stand for both.
+// The namespace is kept in the deployment's database
+// (storage/mysql.QueueNamespace).
+type QueueNames struct {
+	Collect, Sweep string
+}
+
+// NamesFor names the queues of the deployment whose namespace is ns. An
+// empty ns gives the bare labels, the names of releases before namespaces
+// (tests and library users that own their Redis).
+func NamesFor(ns string) QueueNames {
+	if ns == "" {
+		return QueueNames{Collect: QueueCollect, Sweep: QueueSweep}
+	}
+	return QueueNames{Collect: QueueCollect + ":" + ns, Sweep: QueueSweep + ":" + ns}
+}
+
+// Known reports whether the names are set (a zero QueueNames is a
+// namespace not read yet).
+func (q QueueNames) Known() bool { return q.Collect != "" }
+
+// Priorities returns the worker's queues with their priorities.
+func (q QueueNames) Priorities() map[string]int { return map[string]int{q.Collect: 6, q.Sweep: 4} }
+
+// Name is the Redis name of the queue labelled label, "" for no queue of
+// this deployment.
+func (q QueueNames) Name(label string) string {
+	switch label {
+	case QueueCollect:
+		return q.Collect
+	case QueueSweep:
+		return q.Sweep
+	}
+	return ""
+}
+
+// Label is the metrics label of the queue named name, "" when it is not
+// one of this deployment's.
+func (q QueueNames) Label(name string) string {
+	switch {
+	case !q.Known():
+		return ""
+	case name == q.Collect:
+		return QueueCollect
+	case name == q.Sweep:
+		return QueueSweep
+	}
+	return ""
+}
+
+// Namespace holds a deployment's queue names, set once they are read from
+// its database. A process started on a database not yet migrated serves
+// /readyz before it can read them; until then it enqueues nothing.
+type Namespace struct{ names atomic.Pointer[QueueNames] }
+
+// NewNamespace returns a Namespace holding names (the zero QueueNames for
+// names not known yet).
+func NewNamespace(names QueueNames) *Namespace {
+	n := &Namespace{}
+	n.Set(names)
+	return n
+}
+
+// Set records the names.
+func (n *Namespace) Set(names QueueNames) { n.names.Store(&names) }
+
+// Names returns the names; they are not Known until set.
+func (n *Namespace) Names() QueueNames { return *n.names.Load() }
 
 // PayloadVersion is the version of the payloads this build writes. A
 // handler refuses versions it does not know, without retrying, so a rolling
@@ -124,8 +202,9 @@ const (
 	collectTimeout  = time.Minute
 )
 
-// NewCollectTask builds the collect task for steps and its options.
-func NewCollectTask(steps []storage.ReleasedStep) (*asynq.Task, []asynq.Option, error) {
+// NewCollectTask builds the collect task for steps, on queue, and its
+// options.
+func NewCollectTask(queue string, steps []storage.ReleasedStep) (*asynq.Task, []asynq.Option, error) {
 	p := CollectPayload{Version: PayloadVersion, Steps: make([]CollectStep, len(steps))}
 	for i, st := range steps {
 		p.Steps[i] = CollectStep{ID: st.ID, ObservedAt: st.ObservedAt}
@@ -135,7 +214,7 @@ func NewCollectTask(steps []storage.ReleasedStep) (*asynq.Task, []asynq.Option, 
 		return nil, nil, err
 	}
 	// no TaskID: see the package doc
-	opts := []asynq.Option{asynq.Queue(QueueCollect), asynq.MaxRetry(collectMaxRetry), asynq.Timeout(collectTimeout)}
+	opts := []asynq.Option{asynq.Queue(queue), asynq.MaxRetry(collectMaxRetry), asynq.Timeout(collectTimeout)}
 	return asynq.NewTask(TypeCollect, b), opts, nil
 }
 
@@ -152,25 +231,27 @@ func ParseCollect(t *asynq.Task) (CollectPayload, error) {
 }
 
 // NewSweepTask builds the sweep task of the slot starting at slot, for
-// sweeps every interval, and its options.
-func NewSweepTask(slot time.Time, interval time.Duration) (*asynq.Task, []asynq.Option, error) {
-	return newSlotTask(TypeSweep, "sweep:", slot, interval)
+// sweeps every interval, on queue, and its options.
+func NewSweepTask(queue string, slot time.Time, interval time.Duration) (*asynq.Task, []asynq.Option, error) {
+	return newSlotTask(queue, TypeSweep, "sweep:", slot, interval)
 }
 
 // NewScheduleTask builds the schedule task (timeouts and due NotUntil
 // steps) of the slot starting at slot, and its options. One per slot across
-// replicas, as for sweeps.
-func NewScheduleTask(slot time.Time, interval time.Duration) (*asynq.Task, []asynq.Option, error) {
-	return newSlotTask(TypeSchedule, "schedule:", slot, interval)
+// replicas, as for sweeps. It goes on the sweep queue.
+func NewScheduleTask(queue string, slot time.Time, interval time.Duration) (*asynq.Task, []asynq.Option, error) {
+	return newSlotTask(queue, TypeSchedule, "schedule:", slot, interval)
 }
 
-func newSlotTask(typ, idPrefix string, slot time.Time, interval time.Duration) (*asynq.Task, []asynq.Option, error) {
+// newSlotTask's TaskID is unique within queue (asynq keeps TaskIDs per
+// queue), and so within the deployment.
+func newSlotTask(queue, typ, idPrefix string, slot time.Time, interval time.Duration) (*asynq.Task, []asynq.Option, error) {
 	b, err := json.Marshal(SlotPayload{Version: PayloadVersion, Slot: slot.UTC()})
 	if err != nil {
 		return nil, nil, err
 	}
 	return asynq.NewTask(typ, b), []asynq.Option{
-		asynq.Queue(QueueSweep),
+		asynq.Queue(queue),
 		asynq.TaskID(idPrefix + strconv.FormatInt(slot.Unix(), 10)),
 		// held for the rest of the slot and beyond, so a replica ticking
 		// late in the slot finds it taken

@@ -15,7 +15,7 @@ import (
 func TestCollectPayloadRoundTripsWithItsVersion(t *testing.T) {
 	t.Parallel()
 	at := time.Date(2026, 11, 29, 10, 0, 0, 0, time.UTC)
-	task, _, err := tasks.NewCollectTask([]storage.ReleasedStep{{ID: 7, ObservedAt: at}, {ID: 9}})
+	task, _, err := tasks.NewCollectTask(tasks.QueueCollect, []storage.ReleasedStep{{ID: 7, ObservedAt: at}, {ID: 9}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,15 +89,15 @@ func TestEnqueuerFailsFastWhileRedisIsDown(t *testing.T) {
 func TestPayloadWireFormat(t *testing.T) {
 	t.Parallel()
 	at := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
-	task, _, err := tasks.NewCollectTask([]storage.ReleasedStep{{ID: 7, ObservedAt: at}})
+	task, _, err := tasks.NewCollectTask(tasks.QueueCollect, []storage.ReleasedStep{{ID: 7, ObservedAt: at}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if got, want := string(task.Payload()), `{"v":1,"steps":[{"id":7,"observed_at":"2026-11-29T12:00:00Z"}]}`; got != want {
 		t.Errorf("collect payload\n got %s\nwant %s", got, want)
 	}
-	for _, mk := range []func(time.Time, time.Duration) (*asynq.Task, []asynq.Option, error){tasks.NewSweepTask, tasks.NewScheduleTask} {
-		task, _, err = mk(at, time.Minute)
+	for _, mk := range []func(string, time.Time, time.Duration) (*asynq.Task, []asynq.Option, error){tasks.NewSweepTask, tasks.NewScheduleTask} {
+		task, _, err = mk(tasks.QueueSweep, at, time.Minute)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -108,5 +108,79 @@ func TestPayloadWireFormat(t *testing.T) {
 	p, err := tasks.ParseCollect(asynq.NewTask(tasks.TypeCollect, []byte(`{"v":1,"steps":[{"id":9,"observed_at":"2026-11-29T12:00:00Z"}]}`)))
 	if err != nil || len(p.ReleasedSteps()) != 1 || p.ReleasedSteps()[0].ID != 9 || !p.ReleasedSteps()[0].ObservedAt.Equal(at) {
 		t.Errorf("reading a version-1 collect payload: %+v, %v", p, err)
+	}
+}
+
+// Two deployments on one Redis database keep to their own queues: each
+// gets its own sweep and schedule run of a slot (the TaskIDs name only the
+// time), and its own collect tasks. An enqueuer whose namespace is not
+// known yet enqueues nothing, and counts it as a failure.
+func TestNamespacesKeepDeploymentsApartOnOneRedis(t *testing.T) {
+	t.Parallel()
+	rs := testkit.StartRedis(t)
+	opt, _ := asynq.ParseRedisURI(rs.URL)
+	a, b := tasks.NamesFor("aaaa"), tasks.NamesFor("bbbb")
+	ea := tasks.NewEnqueuer(opt, tasks.WithNamespace(tasks.NewNamespace(a)))
+	defer ea.Close()
+	eb := tasks.NewEnqueuer(opt, tasks.WithNamespace(tasks.NewNamespace(b)))
+	defer eb.Close()
+	slot := time.Now().Truncate(time.Minute)
+	for _, e := range []*tasks.Enqueuer{ea, eb} {
+		if err := e.EnqueueSweep(t.Context(), slot, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.EnqueueSchedule(t.Context(), slot, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := ea.EnqueueCollect(t.Context(), []storage.ReleasedStep{{ID: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	insp := asynq.NewInspector(opt)
+	defer insp.Close()
+	for _, q := range []struct {
+		names        tasks.QueueNames
+		collect, all int
+	}{{a, 1, 2}, {b, 0, 2}} {
+		collect, _ := insp.ListPendingTasks(q.names.Collect)
+		slots, _ := insp.ListPendingTasks(q.names.Sweep)
+		if len(collect) != q.collect || len(slots) != q.all {
+			t.Errorf("%s: %d collect and %d sweep/schedule tasks pending, want %d and %d", q.names.Collect, len(collect), len(slots), q.collect, q.all)
+		}
+	}
+	if bare, err := insp.ListPendingTasks(tasks.QueueCollect); err == nil && len(bare) != 0 {
+		t.Errorf("%d tasks on the bare queue %s", len(bare), tasks.QueueCollect)
+	}
+
+	ns := tasks.NewNamespace(tasks.QueueNames{})
+	var failures int
+	eu := tasks.NewEnqueuer(opt, tasks.WithNamespace(ns), tasks.OnEnqueueFailure(func(string) { failures++ }))
+	defer eu.Close()
+	if err := eu.EnqueueCollect(t.Context(), []storage.ReleasedStep{{ID: 2}}); !errors.Is(err, tasks.ErrNoNamespace) || failures != 1 {
+		t.Errorf("enqueue before the namespace is known: %v (%d failures counted), want ErrNoNamespace counted once", err, failures)
+	}
+	ns.Set(a)
+	if err := eu.EnqueueCollect(t.Context(), []storage.ReleasedStep{{ID: 2}}); err != nil {
+		t.Errorf("enqueue once the namespace is set: %v", err)
+	}
+	if collect, _ := insp.ListPendingTasks(a.Collect); len(collect) != 2 {
+		t.Errorf("%d collect tasks on %s, want 2", len(collect), a.Collect)
+	}
+}
+
+func TestQueueNamesLabelOnlyTheirOwnQueues(t *testing.T) {
+	t.Parallel()
+	q := tasks.NamesFor("abc")
+	for name, want := range map[string]string{"stepcollect:abc": "stepcollect", "stepcollect_sweep:abc": "stepcollect_sweep",
+		"stepcollect": "", "stepcollect:abd": "", "stepcollect_sweep": ""} {
+		if got := q.Label(name); got != want {
+			t.Errorf("Label(%q) = %q, want %q", name, got, want)
+		}
+	}
+	if q.Name("stepcollect") != "stepcollect:abc" || q.Name("nope") != "" {
+		t.Errorf("Name: %q %q", q.Name("stepcollect"), q.Name("nope"))
+	}
+	if (tasks.QueueNames{}).Label("") != "" || (tasks.QueueNames{}).Known() {
+		t.Error("the zero QueueNames names queues")
 	}
 }

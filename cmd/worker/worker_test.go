@@ -3,6 +3,8 @@ package main_test
 import (
 	"database/sql"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"strings"
@@ -54,9 +56,15 @@ func TestWorkerKilledMidBatchAndRestartedCollectsEverything(t *testing.T) {
 	ctx := t.Context()
 	rs := testkit.StartRedis(t)
 	redisOpt, _ := asynq.ParseRedisURI(rs.URL)
-	enq := tasks.NewEnqueuer(redisOpt)
+	ns := tasks.NewNamespace(tasks.QueueNames{}) // the database's, read below
+	enq := tasks.NewEnqueuer(redisOpt, tasks.WithNamespace(ns))
 	defer enq.Close()
 	db, results := testkit.NewStorage(t, stepmysql.WithReleaseSink(enq))
+	v, err := stepmysql.QueueNamespace(ctx, db.DB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns.Set(tasks.NamesFor(v))
 
 	const steps = 1500
 	each := testkit.StepEach("KILL", steps)
@@ -99,8 +107,8 @@ func TestWorkerKilledMidBatchAndRestartedCollectsEverything(t *testing.T) {
 	left := countSteps(t, db.DB)
 	insp := asynq.NewInspector(redisOpt)
 	defer insp.Close()
-	active, _ := insp.ListActiveTasks(tasks.QueueCollect)
-	pending, _ := insp.ListPendingTasks(tasks.QueueCollect, asynq.PageSize(10000))
+	active, _ := insp.ListActiveTasks(ns.Names().Collect)
+	pending, _ := insp.ListPendingTasks(ns.Names().Collect, asynq.PageSize(10000))
 	t.Logf("killed with %d steps left, %d tasks orphaned active, %d pending", left, len(active), len(pending))
 
 	startWorkerProc(t, db.DSN, rs.URL, sweep)
@@ -196,4 +204,62 @@ func TestWorkerShowsNoPasswordInARefusalOrItsStartLog(t *testing.T) {
 			t.Errorf("the logs show %q:\n%s", secret, logs)
 		}
 	}
+}
+
+// Started with -migrate=false on a database nobody migrated, the worker
+// cannot know its queues (the database names them): /readyz says why, and
+// once the schema is there it serves the queue without a restart, collect
+// tasks included (the sweeper is off, so only a collect task can collect).
+func TestWorkerWaitsForTheSchemaThenServesItsQueue(t *testing.T) {
+	ctx := t.Context()
+	db := testkit.NewDB(t, &testkit.DBOptions{Empty: true})
+	rs := testkit.StartRedis(t)
+	addr := testkit.FreeAddr(t)
+	p := testkit.StartProc(t, workerBin, testkit.ServiceEnv(db.DSN, rs.URL, "STEPCOLLECT_MIGRATE=false",
+		"STEPCOLLECT_METRICS_LISTEN="+addr, "STEPCOLLECT_SWEEP_INTERVAL=0"), "-log-level", "warn")
+	readyz := func(want int) string {
+		t.Helper()
+		var body string
+		testkit.WaitUntil(t, 15*time.Second, fmt.Sprintf("/readyz to answer %d (status, body)", want), func() (bool, any) {
+			resp, err := http.Get("http://" + addr + "/readyz")
+			if err != nil {
+				return false, err
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			body = string(b)
+			return resp.StatusCode == want, fmt.Sprint(resp.StatusCode, " ", body)
+		})
+		return body
+	}
+	if body := readyz(503); !strings.Contains(body, "schema: not migrated") {
+		t.Fatalf("readyz on an unmigrated database: %q, want it to name the schema\n%s", body, p.Logs())
+	}
+	if err := stepmysql.Migrate(ctx, db.DB); err != nil {
+		t.Fatal(err)
+	}
+	readyz(200)
+
+	ns, err := stepmysql.QueueNamespace(ctx, db.DB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	redisOpt, _ := asynq.ParseRedisURI(rs.URL)
+	enq := tasks.NewEnqueuer(redisOpt, tasks.WithNamespace(tasks.NewNamespace(tasks.NamesFor(ns))))
+	defer enq.Close()
+	results, err := stepmysql.New(stepmysql.WithDB(db.DB), stepmysql.WithReleaseSink(enq))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := testkit.StepEach("SCHEMA", 1)[0]
+	if err := results.StoreStep(ctx, st, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := results.StoreCommandResponseAndRetrieveCompletedStep(ctx, st.IDs[0], testkit.CommandResult(st.Commands[0].CommandUUID)); err != nil {
+		t.Fatal(err)
+	}
+	testkit.WaitUntil(t, 15*time.Second, "the step collected by its collect task (step rows left)", func() (bool, any) {
+		left := countSteps(t, db.DB)
+		return left == 0, left
+	})
 }

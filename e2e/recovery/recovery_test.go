@@ -28,6 +28,7 @@
 package recovery
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -40,6 +41,7 @@ import (
 
 	"github.com/stepcollect/stepcollect/internal/testkit"
 	"github.com/stepcollect/stepcollect/internal/testkit/tcpproxy"
+	stepmysql "github.com/stepcollect/stepcollect/storage/mysql"
 	"github.com/stepcollect/stepcollect/tasks"
 )
 
@@ -312,17 +314,29 @@ func startStack(t *testing.T, o stackOptions) *stack {
 	return s
 }
 
+// queues are the stack's queue names in Redis, which its database names.
+func (s *stack) queues() (tasks.QueueNames, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	ns, err := stepmysql.QueueNamespace(ctx, s.DB)
+	return tasks.NamesFor(ns), err
+}
+
 // queuedSteps lists the steps that collect tasks in Redis hold right now,
 // with the state of their task (pending, active, scheduled, retry).
 func (s *stack) queuedSteps() (map[int64]string, error) {
 	insp := asynq.NewInspector(asynq.RedisClientOpt{Addr: fmt.Sprintf("127.0.0.1:%d", s.redis.Port), DialTimeout: time.Second})
 	defer insp.Close()
 	out := map[int64]string{}
+	queues, err := s.queues()
+	if err != nil {
+		return out, err
+	}
 	for _, l := range []struct {
 		state string
 		list  func(string, ...asynq.ListOption) ([]*asynq.TaskInfo, error)
 	}{{"pending", insp.ListPendingTasks}, {"active", insp.ListActiveTasks}, {"scheduled", insp.ListScheduledTasks}, {"retry", insp.ListRetryTasks}} {
-		infos, err := l.list(tasks.QueueCollect, asynq.PageSize(1000))
+		infos, err := l.list(queues.Collect, asynq.PageSize(1000))
 		if errors.Is(err, asynq.ErrQueueNotFound) {
 			continue
 		} else if err != nil {
@@ -533,7 +547,11 @@ func (s *stack) explain(t *testing.T, ended time.Time) {
 	})
 	insp := asynq.NewInspector(asynq.RedisClientOpt{Addr: fmt.Sprintf("127.0.0.1:%d", s.redis.Port), DialTimeout: time.Second})
 	defer insp.Close()
-	for _, q := range []string{"stepcollect", "stepcollect_sweep"} {
+	queues, err := s.queues()
+	if err != nil {
+		t.Logf("  queues: %v", err)
+	}
+	for _, q := range []string{queues.Collect, queues.Sweep} {
 		qi, err := insp.GetQueueInfo(q)
 		if err != nil {
 			t.Logf("  queue %s: %v", q, err)
