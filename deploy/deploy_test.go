@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -779,9 +780,35 @@ func TestTheDashboardIsWellFormedForImportAndProvisioning(t *testing.T) {
 	for _, want := range []string{`asynq_tasks{state="pending"}`, `asynq_tasks{state="active"}`, `asynq_tasks{state="retry"}`, `asynq_tasks{state="archived"}`,
 		"go_sql_in_use_connections", "go_sql_idle_connections", "go_sql_wait_count_total",
 		"stepcollect_outbox_oldest_event_age_seconds", "stepcollect_last_sweep_age_seconds", "stepcollect_redis_up", "stepcollect_mysql_up",
-		"stepcollect_build_info"} {
+		"stepcollect_build_info",
+		// what an operator must act on: held events, paused delivery, steps set aside
+		"max(stepcollect_outbox_held)", "max(stepcollect_delivery_paused)", "max(stepcollect_set_aside_events)", "stepcollect_events_set_aside_total"} {
 		if !strings.Contains(all, want) {
 			t.Errorf("no panel queries %s", want)
+		}
+	}
+
+	// The gauges metrics.StateCollector reads from MySQL are the same
+	// database-wide figure on every replica: a panel takes their max (or
+	// min), never their sum, which would count them once per replica.
+	src, err := os.ReadFile("../metrics/state.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var shared []string
+	for _, m := range regexp.MustCompile(`\bd\("([a-z_]+)",`).FindAllStringSubmatch(string(src), -1) {
+		shared = append(shared, "stepcollect_"+m[1])
+	}
+	if !slices.Contains(shared, "stepcollect_outbox_held") || !slices.Contains(shared, "stepcollect_delivery_paused") {
+		t.Fatalf("database-wide gauges found in metrics/state.go: %v; the extraction is broken", shared)
+	}
+	for i, e := range exprs {
+		for _, g := range shared {
+			uses := regexp.MustCompile(`\b`+g+`\b`).FindAllStringIndex(e, -1)
+			aggregated := regexp.MustCompile(`\b(max|min)(\s+by\s*\([^)]*\))?\s*\(\s*`+g+`\b`).FindAllStringIndex(e, -1)
+			if len(uses) != len(aggregated) {
+				t.Errorf("panel %q: %s: %s is served alike by every replica; aggregate it with max or min", exprPanels[i], e, g)
+			}
 		}
 	}
 

@@ -12,8 +12,8 @@ import (
 
 // StateCollector exports, at scrape time, the figures that must be the same
 // whichever replica serves them: the outbox (how many events wait, how old
-// the oldest is, how many are held), whether delivery is paused, and the
-// last sweep's findings, all read from MySQL. A
+// the oldest is, how many are held), whether delivery is paused, the steps
+// set aside, and the last sweep's findings, all read from MySQL. A
 // gauge set in one process's memory would be right only in the replica that
 // set it. Reads are cached for a few seconds so that many scrapers cost one
 // query.
@@ -21,7 +21,7 @@ type StateCollector struct {
 	read func(ctx context.Context) (storage.Gauges, error)
 	ttl  time.Duration
 
-	pending, oldest, uncollected, sweepAge, up, held, paused *prometheus.Desc
+	pending, oldest, uncollected, sweepAge, up, held, paused, setAside *prometheus.Desc
 
 	mu   sync.Mutex
 	at   time.Time
@@ -42,12 +42,13 @@ func NewStateCollector(read func(ctx context.Context) (storage.Gauges, error), t
 		up:          d("state_up", "1 when the gauges above could be read from MySQL at the last scrape, 0 when not."),
 		held:        d("outbox_held", "Events held after -max-delivery-attempts or -max-delivery-age, not tried again until an operator releases them (POST /v1/events/{event_id}/deliver)."),
 		paused:      d("delivery_paused", "1 while an operator has paused delivery for every worker (POST /v1/delivery/pause), else 0."),
+		setAside:    d("set_aside_events", "Due or timed-out steps whose event could not be written, kept in stepcollect_set_aside until an operator puts them back or gives them up."),
 	}
 }
 
 // Describe implements prometheus.Collector.
 func (c *StateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.pending, c.oldest, c.uncollected, c.sweepAge, c.up, c.held, c.paused} {
+	for _, d := range []*prometheus.Desc{c.pending, c.oldest, c.uncollected, c.sweepAge, c.up, c.held, c.paused, c.setAside} {
 		ch <- d
 	}
 }
@@ -64,6 +65,7 @@ func (c *StateCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.oldest, prometheus.GaugeValue, g.OldestEventAge.Seconds())
 	ch <- prometheus.MustNewConstMetric(c.uncollected, prometheus.GaugeValue, float64(g.UncollectedSteps))
 	ch <- prometheus.MustNewConstMetric(c.held, prometheus.GaugeValue, float64(g.OutboxHeld))
+	ch <- prometheus.MustNewConstMetric(c.setAside, prometheus.GaugeValue, float64(g.SetAside))
 	paused := 0.0
 	if g.DeliveryPaused {
 		paused = 1

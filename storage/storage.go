@@ -177,6 +177,10 @@ type Gauges struct {
 	// is whether an operator paused delivery (docs/reference.md).
 	OutboxHeld     int
 	DeliveryPaused bool
+	// SetAside counts the due and timed-out steps whose event could not be
+	// written, kept aside until an operator puts them back or gives them
+	// up (docs/runbook.md, StepcollectEventsSetAside).
+	SetAside int
 }
 
 // LastStorableTime is the latest not_until or timeout a step can have: the

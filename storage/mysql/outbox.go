@@ -158,7 +158,7 @@ func (s *Storage) Gauges(ctx context.Context) (storage.Gauges, error) {
 	var oldest, swept sql.NullInt64
 	var uncollected sql.NullFloat64
 	var paused sql.NullBool
-	if err := s.db.QueryRowContext(ctx, qGauges).Scan(&g.OutboxPending, &oldest, &uncollected, &swept, &g.OutboxHeld, &paused); err != nil {
+	if err := s.db.QueryRowContext(ctx, qGauges).Scan(&g.OutboxPending, &oldest, &uncollected, &swept, &g.OutboxHeld, &paused, &g.SetAside); err != nil {
 		return g, fmt.Errorf("reading gauges: %w", err)
 	}
 	g.OldestEventAge = time.Duration(oldest.Int64) * time.Microsecond

@@ -184,6 +184,11 @@ func requireSetAside(t *testing.T, b *bundle, logs *logBuffer, stepID int64, typ
 	if n := b.obs.setAsideCount(typ); n != 1 {
 		t.Errorf("%d %s events counted set aside, want 1", n, typ)
 	}
+	// every replica exports the rows left, for the dashboard
+	rows := testkit.Count(t, b.db.DB, `SELECT COUNT(*) FROM stepcollect_set_aside`)
+	if g, err := b.store.Gauges(t.Context()); err != nil || g.SetAside != rows || rows < 1 {
+		t.Errorf("gauges: set aside %d (%v), want the %d rows of stepcollect_set_aside", g.SetAside, err, rows)
+	}
 	want := fmt.Sprintf(`"step_id":%d`, stepID)
 	found := false
 	for _, l := range strings.Split(logs.String(), "\n") {

@@ -383,7 +383,8 @@ UPDATE stepcollect_outbox SET last_error = ?, lease_until = ?, retry_at = ? WHER
 	// and the age by the server's clock of its oldest event not held,
 	// since written or released: the first held_at IS NULL entry of
 	// outbox_held_at), the last sweep's findings, the held events and
-	// whether delivery is paused. Held events have an alert of their own.
+	// whether delivery is paused, and the steps set aside. Held events have
+	// an alert of their own.
 	qGauges = `
 SELECT (SELECT COUNT(*) FROM stepcollect_outbox),
   (SELECT TIMESTAMPDIFF(MICROSECOND, COALESCE(released_at, created_at), CURRENT_TIMESTAMP(6))
@@ -391,7 +392,8 @@ SELECT (SELECT COUNT(*) FROM stepcollect_outbox),
   (SELECT value FROM stepcollect_state WHERE name = 'uncollected_steps'),
   (SELECT TIMESTAMPDIFF(MICROSECOND, updated_at, CURRENT_TIMESTAMP(6)) FROM stepcollect_state WHERE name = 'uncollected_steps'),
   (SELECT COUNT(*) FROM stepcollect_outbox WHERE held_at IS NOT NULL),
-  (SELECT paused FROM stepcollect_delivery WHERE id = 1)`
+  (SELECT paused FROM stepcollect_delivery WHERE id = 1),
+  (SELECT COUNT(*) FROM stepcollect_set_aside)`
 
 	// Upsert through a derived table (see qRecordWorkflowStarted).
 	qRecordState = `
