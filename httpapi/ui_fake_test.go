@@ -25,15 +25,26 @@ type fakeOps struct {
 	paused    bool
 	pausedAt  time.Time
 	delivered []string
+	// collected is false while a cancelled step is still listed: the api
+	// hands collection to the queue, so GET /v1/steps lists a cancelled
+	// step (nothing outstanding) until a worker collects it. True drops
+	// it from the listing at the DELETE, as inline collection would.
+	collected bool
+	cancelled map[string]bool
+	// cancelFails is the error DELETE /v1/steps/{id} answers with 503,
+	// by step id.
+	cancelFails map[string]string
 }
 
 func newFakeOps(key string) *fakeOps {
 	now := time.Now().UTC().Truncate(time.Second)
 	at := func(d time.Duration) string { return now.Add(-d).Format(time.RFC3339) }
-	f := &fakeOps{key: key}
+	f := &fakeOps{key: key, cancelled: map[string]bool{}, cancelFails: map[string]string{}}
 	f.steps = []map[string]any{
 		{"step_id": 101, "workflow_name": "io.example.inventory", "instance_id": "run-1", "step_name": "query", "created_at": at(75 * time.Hour), "not_until": nil, "timeout": at(3 * time.Hour), "ids": 12000, "outstanding_ids": 5},
 		{"step_id": 102, "workflow_name": "io.example.inventory", "instance_id": "run-2", "step_name": "query", "created_at": at(26 * time.Hour), "not_until": nil, "timeout": at(-46 * time.Hour), "ids": 40, "outstanding_ids": 3},
+		// scheduled: its not_until is ahead, so nothing was sent yet
+		{"step_id": 104, "workflow_name": "io.example.update", "instance_id": "run-4", "step_name": "install", "created_at": at(5 * time.Hour), "not_until": at(-3 * time.Hour), "timeout": at(-75 * time.Hour), "ids": 250, "outstanding_ids": 250},
 		{"step_id": 103, "workflow_name": "io.example.profile", "instance_id": "<b>bold</b>", "step_name": "install", "created_at": at(2 * time.Hour), "not_until": at(90 * time.Minute), "timeout": at(-70 * time.Hour), "ids": 1, "outstanding_ids": 1},
 	}
 	f.events = []map[string]any{
@@ -102,7 +113,21 @@ func fakeJSON(w http.ResponseWriter, status int, v any) {
 func (f *fakeOps) listSteps(w http.ResponseWriter, r *http.Request) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	fakeJSON(w, http.StatusOK, map[string]any{"steps": f.steps, "next": ""})
+	out := f.steps
+	if v := r.URL.Query().Get("older_than"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			fakeJSON(w, http.StatusBadRequest, map[string]any{"error": "older_than: " + err.Error()})
+			return
+		}
+		out = nil
+		for _, s := range f.steps {
+			if t, _ := time.Parse(time.RFC3339, s["created_at"].(string)); time.Since(t) > d {
+				out = append(out, s)
+			}
+		}
+	}
+	fakeJSON(w, http.StatusOK, map[string]any{"steps": out, "next": ""})
 }
 
 func (f *fakeOps) outstanding(w http.ResponseWriter, r *http.Request) {
@@ -120,11 +145,20 @@ func (f *fakeOps) cancel(w http.ResponseWriter, r *http.Request) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	id := r.PathValue("id")
-	n := len(f.steps)
-	f.steps = slices.DeleteFunc(f.steps, func(s map[string]any) bool { return strconv.Itoa(s["step_id"].(int)) == id })
-	if len(f.steps) == n {
+	if msg, ok := f.cancelFails[id]; ok {
+		fakeJSON(w, http.StatusServiceUnavailable, map[string]any{"error": msg})
+		return
+	}
+	i := slices.IndexFunc(f.steps, func(s map[string]any) bool { return strconv.Itoa(s["step_id"].(int)) == id })
+	if i < 0 || f.cancelled[id] {
 		fakeJSON(w, http.StatusNotFound, map[string]any{"error": "no such step: " + id})
 		return
+	}
+	f.cancelled[id] = true
+	if f.collected {
+		f.steps = slices.Delete(f.steps, i, i+1)
+	} else {
+		f.steps[i]["outstanding_ids"] = 0 // listed until collected
 	}
 	w.WriteHeader(http.StatusNoContent)
 }
@@ -171,6 +205,23 @@ func (f *fakeOps) delivery(w http.ResponseWriter, r *http.Request) {
 		f.paused, f.pausedAt = false, time.Now()
 	}
 	fakeJSON(w, http.StatusOK, map[string]any{"paused": f.paused, "since": f.pausedAt.UTC().Format(time.RFC3339)})
+}
+
+// listed reports whether GET /v1/steps lists step id.
+func (f *fakeOps) listed(id int) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.ContainsFunc(f.steps, func(s map[string]any) bool { return s["step_id"] == id })
+}
+
+// callsSince is the calls made after the first one equal to call.
+func (f *fakeOps) callsSince(call string) []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if i := slices.Index(f.calls, call); i >= 0 {
+		return slices.Clone(f.calls[i+1:])
+	}
+	return nil
 }
 
 // called reports whether the page made the call ("DELETE /v1/steps/101").

@@ -5,6 +5,12 @@
 const PAGE = 100;
 const $ = (id) => document.getElementById(id);
 
+// skew is the server's clock less this browser's, from the Date header of
+// the last answer (to the second): "scheduled" and "ago" are the server's
+// view, not that of an operator's laptop whose clock is off.
+let skew = 0;
+const now = () => Date.now() + skew;
+
 // api calls /v1 with the page's own credentials (the key as basic-auth
 // password); a non-2xx answer becomes an Error carrying the body's "error".
 async function api(method, path) {
@@ -14,6 +20,8 @@ async function api(method, path) {
   } catch (e) {
     throw new Error(method + ' ' + path + ': ' + e.message);
   }
+  const served = Date.parse(resp.headers.get('Date'));
+  if (!isNaN(served)) skew = served - Date.now();
   if (resp.status === 204) return null;
   let body = null;
   try { body = await resp.json(); } catch (e) { /* not JSON: named below */ }
@@ -55,7 +63,7 @@ function cell(tr, text, cls) {
 function ago(t) {
   const ms = Date.parse(t);
   if (!t || isNaN(ms)) return t ? String(t) : '';
-  const d = Math.round((Date.now() - ms) / 1000);
+  const d = Math.round((now() - ms) / 1000);
   const a = Math.abs(d);
   const span = a < 90 ? a + ' s' : a < 5400 ? Math.round(a / 60) + ' min' : a < 172800 ? Math.round(a / 3600) + ' h' : Math.round(a / 86400) + ' d';
   return d >= 0 ? span + ' ago' : 'in ' + span;
@@ -92,10 +100,62 @@ function button(label, cls, onclick) {
 
 // ---- stuck steps ----
 
-const steps = { after: '', next: '', selected: null, outNext: '', asked: 0 };
+// cancelled holds the ids of the steps this page cancelled (DELETE
+// answered 204). Such a step is listed by GET /v1/steps until the worker
+// collects it, which is later (the api hands collection to the queue), so
+// a listing right after the cancel still has it: the page leaves those out
+// instead of showing a step the operator has just cancelled. No enrollment
+// can be added to an existing step, so once cancelled it never becomes
+// stuck again, and step ids are not reused.
+const steps = { after: '', next: '', selected: null, outNext: '', asked: 0, cancelled: new Set() };
+
+// scheduled reports whether step st waits on purpose: its not_until is
+// still ahead, so its commands have not been sent to any device yet.
+//
+// Such a step is not stuck. At 3 a.m. the stuck table must hold only what
+// may need a hand, so a scheduled step is never in it, nor counted for its
+// "no stuck steps" line. It is not dropped from the page either, which
+// would leave an operator who looks for it wondering where it went: the
+// same page of the listing shows it in a table of its own, "scheduled for"
+// its time, where it can still be opened and cancelled. (A step whose
+// not_until has passed was sent, and is listed as stuck like any other.)
+function scheduled(st) {
+  const ms = Date.parse(st.not_until);
+  return !isNaN(ms) && ms > now();
+}
+
+function stepRow(st) {
+  const tr = document.createElement('tr');
+  tr.dataset.stepId = String(st.step_id);
+  if (steps.selected && String(steps.selected.step_id) === tr.dataset.stepId) tr.className = 'selected';
+  cell(tr, st.step_id, 'id');
+  cell(tr, st.workflow_name, 'mono');
+  cell(tr, st.instance_id, 'mono');
+  cell(tr, st.step_name);
+  timeCell(tr, st.created_at);
+  timeCell(tr, st.not_until);
+  timeCell(tr, st.timeout);
+  cell(tr, st.ids, 'num');
+  cell(tr, st.outstanding_ids, 'num');
+  tr.addEventListener('click', () => selectStep(st));
+  return tr;
+}
+
+// stepRows is every row of both step tables.
+function stepRows() {
+  return [...$('steps').tBodies[0].rows, ...$('scheduled').tBodies[0].rows];
+}
+
+// showStepsEmpty says "no stuck steps" when the stuck table is empty, and
+// shows the scheduled table only when it has a row.
+function showStepsEmpty() {
+  $('steps-empty').hidden = $('steps').tBodies[0].rows.length > 0;
+  $('scheduled-section').hidden = $('scheduled').tBodies[0].rows.length === 0;
+}
 
 async function loadSteps() {
-  const tbody = $('steps').tBodies[0];
+  const stuck = $('steps').tBodies[0];
+  const waiting = $('scheduled').tBodies[0];
   // An answer to an older question (the age changed, a page turned) must
   // not overwrite the newer one's rows.
   const asked = ++steps.asked;
@@ -103,24 +163,13 @@ async function loadSteps() {
     const body = await api('GET', '/v1/steps' + query({ older_than: $('age').value, limit: PAGE, after: steps.after }));
     if (asked !== steps.asked) return;
     showError('steps-error', null);
-    tbody.replaceChildren();
+    stuck.replaceChildren();
+    waiting.replaceChildren();
     for (const st of body.steps || []) {
-      const tr = document.createElement('tr');
-      tr.dataset.stepId = String(st.step_id);
-      if (steps.selected && String(steps.selected.step_id) === tr.dataset.stepId) tr.className = 'selected';
-      cell(tr, st.step_id, 'id');
-      cell(tr, st.workflow_name, 'mono');
-      cell(tr, st.instance_id, 'mono');
-      cell(tr, st.step_name);
-      timeCell(tr, st.created_at);
-      timeCell(tr, st.not_until);
-      timeCell(tr, st.timeout);
-      cell(tr, st.ids, 'num');
-      cell(tr, st.outstanding_ids, 'num');
-      tr.addEventListener('click', () => selectStep(st));
-      tbody.appendChild(tr);
+      if (steps.cancelled.has(String(st.step_id))) continue;
+      (scheduled(st) ? waiting : stuck).appendChild(stepRow(st));
     }
-    $('steps-empty').hidden = tbody.rows.length > 0;
+    showStepsEmpty();
     steps.next = body.next || '';
     $('steps-next').disabled = !steps.next;
     $('steps-first').disabled = !steps.after;
@@ -132,7 +181,7 @@ async function loadSteps() {
 async function selectStep(st) {
   steps.selected = st;
   steps.outNext = '';
-  for (const tr of $('steps').tBodies[0].rows) tr.classList.toggle('selected', tr.dataset.stepId === String(st.step_id));
+  for (const tr of stepRows()) tr.classList.toggle('selected', tr.dataset.stepId === String(st.step_id));
   $('detail-id').textContent = String(st.step_id);
   $('detail-what').textContent = [st.workflow_name, st.instance_id, st.step_name].filter(Boolean).join(' · ');
   $('outstanding').replaceChildren();
@@ -166,14 +215,23 @@ async function cancelStep() {
   if (!confirm('Cancel step ' + id + ' for every enrollment that still holds it (' + st.outstanding_ids + ' outstanding)? No event is sent for a cancelled step.')) return;
   try {
     await api('DELETE', '/v1/steps/' + encodeURIComponent(id));
-    showError('detail-error', null);
-    notice('Step ' + id + ' cancelled.');
+  } catch (e) {
+    // not cancelled (or not known to be): the row stays, with the reason
+    showError('detail-error', e);
+    return;
+  }
+  // Cancelled: its row goes now, and stays gone from the listings that
+  // follow while the step waits to be collected (see steps.cancelled).
+  steps.cancelled.add(id);
+  for (const tr of stepRows()) if (tr.dataset.stepId === id) tr.remove();
+  showStepsEmpty();
+  showError('detail-error', null);
+  notice('Step ' + id + ' cancelled.');
+  if (steps.selected === st) {
     steps.selected = null;
     $('step-detail').hidden = true;
-    await loadSteps();
-  } catch (e) {
-    showError('detail-error', e);
   }
+  await loadSteps();
 }
 
 // ---- failing and held events ----
