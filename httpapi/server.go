@@ -167,6 +167,11 @@ func New(cfg Config) *Server {
 	s.registerOperatorEvents()
 	s.handle("GET /ui/", "ui", s.auth(s.ui))
 	s.handle("/v1/", "v1_other", s.auth(func(w http.ResponseWriter, r *http.Request) {
+		if allow := s.allowed(r); len(allow) > 0 {
+			w.Header().Set("Allow", strings.Join(allow, ", "))
+			writeError(w, r, http.StatusMethodNotAllowed, "method "+oneLine(r.Method)+": "+oneLine(r.URL.Path)+" takes "+strings.Join(allow, " or "))
+			return
+		}
 		writeError(w, r, http.StatusNotFound, "no such endpoint: "+r.Method+" "+oneLine(r.URL.Path))
 	}))
 	s.handle("GET /healthz", "healthz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok\n")) })
@@ -181,6 +186,23 @@ func New(cfg Config) *Server {
 // panic recovery around every route.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	withRequest(s.cfg.Logger, s.cfg.MaxBody, s.mux).ServeHTTP(w, r)
+}
+
+// allowed lists the methods another /v1 route takes r's path with: the
+// catch-all "/v1/" matches every method, so the mux never answers 405 for
+// a path that exists (PUT /v1/steps/1) by itself.
+func (s *Server) allowed(r *http.Request) []string {
+	var allow []string
+	for _, m := range []string{http.MethodGet, http.MethodPost, http.MethodDelete} {
+		if m == r.Method {
+			continue
+		}
+		probe := &http.Request{Method: m, URL: r.URL, Host: r.Host, Header: http.Header{}}
+		if _, pattern := s.mux.Handler(probe); pattern != "" && pattern != "/v1/" {
+			allow = append(allow, m)
+		}
+	}
+	return allow
 }
 
 func (s *Server) handle(pattern, name string, h http.HandlerFunc) {

@@ -325,3 +325,34 @@ func TestWebhookRefusesOtherMethodsNamingPOST(t *testing.T) {
 		t.Errorf("GET /webhook: %d, Allow %q, %+v", resp.StatusCode, resp.Header.Get("Allow"), body)
 	}
 }
+
+// A /v1 path that exists, asked with a method it does not take, is a 405
+// naming the methods it takes (the catch-all /v1/ route matches every
+// method, so the mux alone answered 404, as for a path that does not
+// exist); a path that does not exist stays a 404.
+func TestV1OtherMethodsAre405NamingTheOnesTaken(t *testing.T) {
+	b := setup(t, nil)
+	for _, c := range []struct {
+		method, path string
+		status       int
+		allow, msg   string
+	}{
+		{"PUT", "/v1/steps/1", 405, "GET, DELETE", "method PUT: /v1/steps/1 takes GET or DELETE"},
+		{"PATCH", "/v1/steps", 405, "GET, POST, DELETE", "method PATCH: /v1/steps takes GET or POST or DELETE"},
+		{"GET", "/v1/events/e-1/deliver", 405, "POST", "method GET: /v1/events/e-1/deliver takes POST"},
+		{"PUT", "/v1/nothing", 404, "", "no such endpoint: PUT /v1/nothing"},
+	} {
+		req, _ := http.NewRequest(c.method, b.srv.URL+c.path, nil)
+		req.Header.Set("Authorization", "Bearer "+apiKey)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var body struct{ Error string }
+		json.NewDecoder(resp.Body).Decode(&body)
+		resp.Body.Close()
+		if resp.StatusCode != c.status || resp.Header.Get("Allow") != c.allow || body.Error != c.msg {
+			t.Errorf("%s %s: %d, Allow %q, %q; want %d, %q, %q", c.method, c.path, resp.StatusCode, resp.Header.Get("Allow"), body.Error, c.status, c.allow, c.msg)
+		}
+	}
+}
