@@ -405,7 +405,7 @@ ON DUPLICATE KEY UPDATE value = x.v, updated_at = CURRENT_TIMESTAMP(6)`
 
 	// The deployment's queue namespace (QueueNamespace, migration 15).
 	qGetQueueNamespace    = `SELECT queue_namespace FROM stepcollect_deployment WHERE id = 1`
-	qEnsureQueueNamespace = `INSERT IGNORE INTO stepcollect_deployment (id, queue_namespace) VALUES (1, LEFT(MD5(UUID()), 16))`
+	qEnsureQueueNamespace = `INSERT IGNORE INTO stepcollect_deployment (id, queue_namespace) VALUES (1, LEFT(SHA2(UUID(), 256), 16))`
 
 	// Which server answers (ServerIdentity): host, port and server_id
 	// tell a promoted replica, or another Galera node, from the server

@@ -6,10 +6,11 @@
 -- the time). Before this, the queues were named "stepcollect" and
 -- "stepcollect_sweep" everywhere.
 --
--- MD5(UUID()) is the same value to every process that reads it: it is
--- written once, here, by whichever migration runs first. A database copied
--- to make a second deployment keeps the namespace of the first; give the
--- copy its own if the two share a Redis database (docs/operations.md).
+-- The value is written once, here, by whichever migration runs first, and
+-- every process reads the same one (SHA2 of a UUID: MySQL 9 has no MD5). A
+-- database copied to make a second deployment keeps the namespace of the
+-- first; give the copy its own if the two share a Redis database
+-- (docs/operations.md).
 
 -- +goose NO TRANSACTION
 -- +goose Up
@@ -18,7 +19,7 @@ CREATE TABLE IF NOT EXISTS stepcollect_deployment (
     queue_namespace VARCHAR(32) NOT NULL
 );
 
-INSERT IGNORE INTO stepcollect_deployment (id, queue_namespace) VALUES (1, LEFT(MD5(UUID()), 16));
+INSERT IGNORE INTO stepcollect_deployment (id, queue_namespace) VALUES (1, LEFT(SHA2(UUID(), 256), 16));
 
 -- +goose Down
 DROP TABLE IF EXISTS stepcollect_deployment;
