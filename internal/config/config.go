@@ -29,11 +29,19 @@ const (
 type Set struct {
 	fs      *flag.FlagSet
 	getenv  func(string) string
-	errs    []error
+	envErrs []envError // environment values that could not be read
 	checks  []func() error
 	secrets []secretFlag
 	redact  map[string]func(string) string // flag name: how Usage shows its default
 	version *bool                          // -version, which every binary takes
+}
+
+// envError is an environment value its flag's type cannot read. It stops
+// the binary only when the flag is not given: a flag on the command line
+// wins, and the value it overrides is never used.
+type envError struct {
+	flag string
+	err  error
 }
 
 type secretFlag struct {
@@ -157,7 +165,7 @@ func (s *Set) Bool(name, env string, def bool, usage string) *bool {
 	if v := s.getenv(env); v != "" {
 		b, err := strconv.ParseBool(v)
 		if err != nil {
-			s.errs = append(s.errs, fmt.Errorf("-%s: %s=%q is not true or false", name, env, v))
+			s.envErrs = append(s.envErrs, envError{name, fmt.Errorf("-%s: %s=%q is not true or false", name, env, v)})
 		} else {
 			def = b
 		}
@@ -170,7 +178,7 @@ func (s *Set) Int(name, env string, def int, usage string) *int {
 	if v := s.getenv(env); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil {
-			s.errs = append(s.errs, fmt.Errorf("-%s: %s=%q is not a whole number", name, env, v))
+			s.envErrs = append(s.envErrs, envError{name, fmt.Errorf("-%s: %s=%q is not a whole number", name, env, v)})
 		} else {
 			def = n
 		}
@@ -183,7 +191,7 @@ func (s *Set) Duration(name, env string, def time.Duration, usage string) *time.
 	if v := s.getenv(env); v != "" {
 		d, err := time.ParseDuration(v)
 		if err != nil {
-			s.errs = append(s.errs, fmt.Errorf("-%s: %s=%q is not a duration (like 30s or 2m)", name, env, v))
+			s.envErrs = append(s.envErrs, envError{name, fmt.Errorf("-%s: %s=%q is not a duration (like 30s or 2m)", name, env, v)})
 		} else {
 			def = d
 		}
@@ -216,8 +224,12 @@ func (s *Set) Parse(args []string) error {
 	if s.fs.NArg() > 0 {
 		return fmt.Errorf("unexpected argument %q", s.fs.Arg(0))
 	}
-	if len(s.errs) > 0 {
-		return s.errs[0]
+	given := map[string]bool{}
+	s.fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	for _, e := range s.envErrs {
+		if !given[e.flag] {
+			return e.err
+		}
 	}
 	for _, c := range s.checks {
 		if err := c(); err != nil {

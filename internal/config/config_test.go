@@ -27,6 +27,28 @@ func TestTheEnvironmentSetsDefaultsAndAFlagWins(t *testing.T) {
 	}
 }
 
+// An environment value its flag cannot read stops nothing when the flag
+// is given: the flag wins, and the value is never used.
+func TestAFlagWinsOverAnUnreadableEnvironmentValue(t *testing.T) {
+	t.Parallel()
+	s := config.New("t", env(map[string]string{"T_WAIT": "30", "T_ON": "maybe", "T_N": "abc"}))
+	wait := s.Duration("wait", "T_WAIT", time.Second, "")
+	on := s.Bool("on", "T_ON", false, "")
+	n := s.Int("n", "T_N", 1, "")
+	if err := s.Parse([]string{"-wait", "5s", "-on=true", "-n", "4"}); err != nil {
+		t.Fatalf("every flag given: %v", err)
+	}
+	if *wait != 5*time.Second || !*on || *n != 4 {
+		t.Errorf("wait %v on %v n %d, want the flags' 5s true 4", *wait, *on, *n)
+	}
+	s = config.New("t", env(map[string]string{"T_WAIT": "30", "T_N": "abc"}))
+	s.Duration("wait", "T_WAIT", time.Second, "")
+	s.Int("n", "T_N", 1, "")
+	if err := s.Parse([]string{"-wait", "5s"}); err == nil || !strings.Contains(err.Error(), `-n: T_N="abc" is not a whole number`) {
+		t.Errorf("-n not given: %v, want T_N named", err)
+	}
+}
+
 func TestBadValuesAreOneLineNamingTheFlag(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
