@@ -169,6 +169,10 @@ func openStorage(ctx context.Context, dsn string, maxConns int, migrate bool, lo
 	db.SetMaxOpenConns(maxConns)
 	db.SetMaxIdleConns(maxConns)
 	db.SetConnMaxLifetime(time.Hour)
+	// a burst opens up to maxConns; once it is over they are given back to
+	// the server (whose max_connections every replica and other client
+	// share) instead of being held idle for the hour
+	db.SetConnMaxIdleTime(time.Minute)
 	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	err = db.PingContext(pingCtx)
