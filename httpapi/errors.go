@@ -73,6 +73,11 @@ func respondError(w http.ResponseWriter, r *http.Request, err error, what string
 		writeError(w, r, status, fmt.Sprintf("body: larger than the %d-byte limit (-max-body-bytes)", mbe.Limit))
 	case errors.As(err, new(*bodyadmit.Error)):
 		writeError(w, r, status, err.Error())
+	case errors.Is(err, storage.ErrCommitUnknown):
+		// the one 5xx after which the work may be done: say so, rather
+		// than "nothing was written"
+		zerolog.Ctx(r.Context()).Error().Err(err).Msg(what)
+		writeError(w, r, status, what+": storage unavailable after a COMMIT whose answer was lost: it may have been written (sent again, it is stored once at most)")
 	case status == http.StatusServiceUnavailable:
 		zerolog.Ctx(r.Context()).Error().Err(err).Msg(what)
 		writeError(w, r, status, what+": storage unavailable, nothing was written; retry later")

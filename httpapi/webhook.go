@@ -69,7 +69,7 @@ func (s *Server) webhook(w http.ResponseWriter, r *http.Request, body []byte, er
 			if s.cfg.Metrics != nil {
 				s.cfg.Metrics.UnknownCommandResults.Inc()
 			}
-			logger.Warn().Msg("result for a command no step holds: ignored (a step must be stored before its command is enqueued in NanoMDM)")
+			logger.Warn().Msg("result for a command no step holds: ignored (not sent by a workflow, its step finished or was cancelled, a result sent again after it was committed, or a step stored only after its command was enqueued in NanoMDM)")
 		case err != nil:
 			if statusOf(err) < 500 {
 				s.result(metrics.OutcomeRejected) // the input's fault (too large, refused value)

@@ -7,8 +7,10 @@ import (
 	"errors"
 	nanostorage "github.com/micromdm/nanocmd/engine/storage"
 	"io"
+	"net"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -69,6 +71,17 @@ type faultConnector struct {
 	// not held and failed all the same with their try's context ended: a
 	// try that outran its bound on a slow machine, retried as a held one is.
 	timedOut int
+	// down refuses every new connection (as a server that stopped
+	// listening does) and fails every statement on an open one with
+	// driver.ErrBadConn, until cleared.
+	down bool
+}
+
+// isDown says whether the server is down.
+func (c *faultConnector) isDown() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.down
 }
 
 func newFaultDB(t *testing.T, db *testkit.DB, multi bool) (*sql.DB, *faultConnector) {
@@ -121,6 +134,9 @@ func (c *faultConnector) timeouts() int {
 }
 
 func (c *faultConnector) connect(ctx context.Context) (driver.Conn, error) {
+	if c.isDown() {
+		return nil, &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
+	}
 	conn, err := c.base.Connect(ctx)
 	if err != nil {
 		return nil, err
@@ -213,6 +229,9 @@ type faultConn struct {
 }
 
 func (f *faultConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
+	if f.c.isDown() {
+		return nil, driver.ErrBadConn
+	}
 	tx, err := f.Conn.(driver.ConnBeginTx).BeginTx(ctx, opts)
 	if err != nil {
 		f.c.noteTimeout(ctx, err)
@@ -233,6 +252,9 @@ func (c *faultConnector) takeFailure(query string) error {
 }
 
 func (f *faultConn) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
+	if f.c.isDown() {
+		return nil, driver.ErrBadConn
+	}
 	if err := f.c.takeFailure(query); err != nil {
 		return nil, err
 	}
@@ -310,6 +332,9 @@ func (f *faultConn) execContext(ctx context.Context, query string, args []driver
 }
 
 func (f *faultConn) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
+	if f.c.isDown() {
+		return nil, driver.ErrBadConn
+	}
 	if err := f.c.takeFailure(query); err != nil {
 		return nil, err
 	}

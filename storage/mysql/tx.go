@@ -45,6 +45,18 @@ var errAttemptTimedOut = errors.New("the try took longer than its bound (the ser
 // help, or has failed s.maxAttempts times; see inTx.
 func (s *Storage) retry(ctx context.Context, op string, try func(ctx context.Context, a *attempt) error) error {
 	a := &attempt{}
+	err := s.retryTries(ctx, op, a, try)
+	if err != nil && a.ambiguousCommit && storage.ErrorCode(err) == "" && !errors.Is(err, storage.ErrCommitUnknown) {
+		// A try's COMMIT went unanswered and no later try could settle
+		// whether it went through (the server stayed out of reach): the
+		// caller must not take this for "nothing was written".
+		return fmt.Errorf("%w: %w", storage.ErrCommitUnknown, err)
+	}
+	return err
+}
+
+// retryTries is retry's loop of tries.
+func (s *Storage) retryTries(ctx context.Context, op string, a *attempt, try func(ctx context.Context, a *attempt) error) error {
 	connRetries := 0
 	bounded := s.results != nil && (op == storage.OpStoreResult || op == storage.OpStoreNotNow)
 	for {

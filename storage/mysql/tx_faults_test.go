@@ -385,3 +385,33 @@ func TestAClaimSkippedForLongIsReportedNotDropped(t *testing.T) {
 		t.Fatalf("collect once the lock is gone: %v, %v", res, err)
 	}
 }
+
+// A COMMIT whose answer was lost, after which the server cannot be reached
+// to ask whether it went through: the caller is told the outcome is
+// unknown (the webhook answers 503 saying so), never that nothing was
+// written. Here it was written: the event shows it once the server is back.
+func TestALostCommitAnswerWithTheServerGoneIsAnUnknownOutcome(t *testing.T) {
+	t.Parallel()
+	onEveryPath(t, lostCommitAnswerWithTheServerGone)
+}
+
+func lostCommitAnswerWithTheServerGone(t *testing.T, multi completionPath) {
+	b, fc := setupFaultyPath(t, multi, stepmysql.WithOutbox())
+	ctx := t.Context()
+	step := b.storedOn(t, multi, "lostdown", 1, 1)
+	fc.arm(func(fc *faultConnector) {
+		fc.loseCommits = 1
+		fc.betweenTries = func() { fc.mu.Lock(); fc.down = true; fc.mu.Unlock() }
+	})
+	r, err := b.answer(ctx, step, 0, 0)
+	fc.arm(func(fc *faultConnector) { fc.down = false })
+	if fc.lost != 1 {
+		t.Fatalf("lost %d COMMIT answers, want 1", fc.lost)
+	}
+	if r != nil || !errors.Is(err, storage.ErrCommitUnknown) {
+		t.Errorf("%+v, %v; want an error wrapping ErrCommitUnknown", r, err)
+	}
+	if n := testkit.Count(t, b.db.DB, `SELECT COUNT(*) FROM stepcollect_outbox WHERE enrollment_id = ?`, step.IDs[0]); n != 1 {
+		t.Errorf("%d events for %s, want the 1 its lost COMMIT wrote", n, step.IDs[0])
+	}
+}
