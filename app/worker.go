@@ -191,7 +191,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	const nTickers = 5 // the goroutines below, each waited for at the stop
 	tickers := make(chan struct{}, nTickers)
 	go func() { w.sweeper.SweepAtStart(ctx); w.sweeper.Run(ctx); tickers <- struct{}{} }()
-	go func() { w.sweeper.SweepOnQueueLoss(ctx, w.redisOpt); tickers <- struct{}{} }()
+	go func() { w.sweeper.SweepOnQueueLoss(ctx, w.redisOpt, w.ns.Names().Marker); tickers <- struct{}{} }()
 	go func() { w.sweeper.SweepOnServerChange(ctx, w.store); tickers <- struct{}{} }()
 	go func() { w.scheduler.Run(ctx); tickers <- struct{}{} }()
 	go func() { w.dispatcher.Run(ctx); tickers <- struct{}{} }()

@@ -187,8 +187,9 @@ func (s *Sweeper) SweepAtStart(ctx context.Context) {
 // ctx ends: the collect tasks it held (handed over by the api, not yet
 // taken by a worker) may be gone with it, and waiting for the next sweep
 // slot would cost up to an interval. Every replica does it; collection is
-// idempotent. Nothing when sweeps are off.
-func (s *Sweeper) SweepOnQueueLoss(ctx context.Context, r asynq.RedisConnOpt) {
+// idempotent. marker is the deployment's (tasks.QueueNames.Marker). Nothing
+// when sweeps are off.
+func (s *Sweeper) SweepOnQueueLoss(ctx context.Context, r asynq.RedisConnOpt, marker string) {
 	if s.cfg.Interval <= 0 {
 		return
 	}
@@ -200,7 +201,7 @@ func (s *Sweeper) SweepOnQueueLoss(ctx context.Context, r asynq.RedisConnOpt) {
 		}
 		s.logger.Info().Str(logkeys.Reason, reason).Int("examined", res.Examined).Int("collected", res.Collected).Msg("swept after a possible queue loss")
 	}
-	WatchQueueLoss(ctx, r, time.Second, s.logger, func(reason string) {
+	WatchQueueLoss(ctx, r, marker, time.Second, s.logger, func(reason string) {
 		sweep(reason)
 		// once more a little later: after a failover, an api that heard of
 		// the new primary after this worker may still have handed steps to

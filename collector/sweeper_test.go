@@ -13,6 +13,7 @@ import (
 	"github.com/stepcollect/stepcollect/collector"
 	"github.com/stepcollect/stepcollect/internal/testkit"
 	"github.com/stepcollect/stepcollect/metrics"
+	"github.com/stepcollect/stepcollect/tasks"
 )
 
 func newSweeper(t *testing.T, b *bundle, interval time.Duration) *collector.Sweeper {
@@ -50,7 +51,10 @@ func TestSweepOnQueueLossCollectsOnceRedisLostItsData(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { defer close(done); newSweeper(t, b, time.Hour).SweepOnQueueLoss(ctx, opt) }()
+	go func() {
+		defer close(done)
+		newSweeper(t, b, time.Hour).SweepOnQueueLoss(ctx, opt, tasks.NamesFor("").Marker)
+	}()
 	defer func() { cancel(); <-done }()
 
 	rc := redis.NewClient(&redis.Options{Addr: "127.0.0.1:" + itoa(rs.Port)})

@@ -12,10 +12,6 @@ import (
 	"github.com/stepcollect/stepcollect/tasks"
 )
 
-// queueMarkerKey is a key the watch keeps in the queue's Redis: its absence
-// on the same server means the data was flushed.
-const queueMarkerKey = "stepcollect:queue_marker"
-
 // WatchQueueLoss calls onLoss whenever the queue may have lost tasks: when
 // Redis answers again after failing to, and when the server answering is
 // another one than before (its run_id changed: restarted, without
@@ -24,7 +20,13 @@ const queueMarkerKey = "stepcollect:queue_marker"
 // It looks every `every` until ctx ends. The worker sweeps in process on
 // it, so that collect tasks lost with Redis cost seconds, not a sweep
 // interval.
-func WatchQueueLoss(ctx context.Context, r asynq.RedisConnOpt, every time.Duration, logger zerolog.Logger, onLoss func(reason string)) {
+//
+// marker is a key the watch keeps in Redis (tasks.QueueNames.Marker): its
+// absence on the same server means the data was flushed. The first
+// watcher to write it again is the one that notices, so every deployment
+// on the Redis database has a marker of its own: with one shared, only
+// the deployment whose worker looked first would sweep.
+func WatchQueueLoss(ctx context.Context, r asynq.RedisConnOpt, marker string, every time.Duration, logger zerolog.Logger, onLoss func(reason string)) {
 	rc, ok := tasks.WithFastFailure(r).MakeRedisClient().(redis.UniversalClient)
 	if !ok {
 		logger.Warn().Msg("queue loss watch: not a go-redis client; lost tasks wait for the next sweep")
@@ -41,7 +43,7 @@ func WatchQueueLoss(ctx context.Context, r asynq.RedisConnOpt, every time.Durati
 		id := infoField(info, "run_id")
 		var markerSet bool
 		if err == nil {
-			markerSet, err = rc.SetNX(lctx, queueMarkerKey, id, 0).Result()
+			markerSet, err = rc.SetNX(lctx, marker, id, 0).Result()
 		}
 		cancel()
 		switch {

@@ -12,11 +12,14 @@ import (
 
 	"github.com/stepcollect/stepcollect/collector"
 	"github.com/stepcollect/stepcollect/internal/testkit"
+	"github.com/stepcollect/stepcollect/tasks"
 )
 
 // The watch fires when Redis answers again after an outage, and when it
 // comes back empty between two looks (its data, and the collect tasks in
-// it, lost); never while nothing happens.
+// it, lost); never while nothing happens. Two deployments on the Redis
+// database (markers of their own) both see a FLUSHALL: with one marker
+// shared, only the first to write it again did.
 func TestWatchQueueLossFiresOnRedisReturningAndOnItsDataGone(t *testing.T) {
 	t.Parallel()
 	rs := testkit.StartRedis(t)
@@ -25,38 +28,46 @@ func TestWatchQueueLossFiresOnRedisReturningAndOnItsDataGone(t *testing.T) {
 		t.Fatal(err)
 	}
 	var mu sync.Mutex
-	var reasons []string
-	got := func() []string { mu.Lock(); defer mu.Unlock(); return append([]string(nil), reasons...) }
+	reasons := map[string][]string{} // by marker
+	got := func(m string) []string { mu.Lock(); defer mu.Unlock(); return append([]string(nil), reasons[m]...) }
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		collector.WatchQueueLoss(ctx, opt, 20*time.Millisecond, zerolog.Nop(), func(reason string) {
-			mu.Lock()
-			reasons = append(reasons, reason)
-			mu.Unlock()
-		})
-	}()
-	defer func() { cancel(); <-done }()
-	wait := func(what string, cond func() bool) {
+	markers := []string{tasks.NamesFor("aaaa").Marker, tasks.NamesFor("bbbb").Marker}
+	var wg sync.WaitGroup
+	for _, m := range markers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			collector.WatchQueueLoss(ctx, opt, m, 20*time.Millisecond, zerolog.Nop(), func(reason string) {
+				mu.Lock()
+				reasons[m] = append(reasons[m], reason)
+				mu.Unlock()
+			})
+		}()
+	}
+	defer func() { cancel(); wg.Wait() }()
+	wait := func(what string, cond func(m string) bool) {
 		t.Helper()
-		testkit.WaitUntil(t, 10*time.Second, what+" (the watch fired for)", func() (bool, any) { return cond(), got() })
+		for _, m := range markers {
+			testkit.WaitUntil(t, 10*time.Second, what+" by the watch of "+m+" (it fired for)", func() (bool, any) { return cond(m), got(m) })
+		}
 	}
 	rc := redis.NewClient(&redis.Options{Addr: "127.0.0.1:" + itoa(rs.Port)})
 	defer rc.Close()
-	wait("the marker set", func() bool { return rc.Exists(context.Background(), "stepcollect:queue_marker").Val() == 1 })
-	if r := got(); len(r) != 0 {
-		t.Fatalf("fired with nothing lost: %v", r)
+	wait("the marker set", func(m string) bool { return rc.Exists(context.Background(), m).Val() == 1 })
+	for _, m := range markers {
+		if r := got(m); len(r) != 0 {
+			t.Fatalf("%s: fired with nothing lost: %v", m, r)
+		}
 	}
 
 	if err := rc.FlushAll(context.Background()).Err(); err != nil {
 		t.Fatal(err)
 	}
-	wait("a loss seen after FLUSHALL", func() bool { return len(got()) == 1 })
+	wait("a loss seen after FLUSHALL", func(m string) bool { return len(got(m)) == 1 })
 
 	rs.Kill()
 	rs.Restart()
-	wait("a loss seen after Redis was killed and restarted", func() bool { return len(got()) >= 2 })
+	wait("a loss seen after Redis was killed and restarted", func(m string) bool { return len(got(m)) >= 2 })
 }
 
 func itoa(n int) string {

@@ -74,6 +74,9 @@ const (
 	QueueSweep   = "stepcollect_sweep"
 )
 
+// queueMarker is the prefix of QueueNames.Marker.
+const queueMarker = "stepcollect:queue_marker"
+
 // QueueLabels lists every queue's label, for metrics.
 func QueueLabels() []string { return []string{QueueCollect, QueueSweep} }
 
@@ -89,6 +92,9 @@ func QueueLabels() []string { return []string{QueueCollect, QueueSweep} }
 // (storage/mysql.QueueNamespace).
 type QueueNames struct {
 	Collect, Sweep string
+	// Marker is the key whose absence tells the deployment's workers that
+	// Redis lost its data (collector.WatchQueueLoss).
+	Marker string
 }
 
 // NamesFor names the queues of the deployment whose namespace is ns. An
@@ -96,9 +102,9 @@ type QueueNames struct {
 // (tests and library users that own their Redis).
 func NamesFor(ns string) QueueNames {
 	if ns == "" {
-		return QueueNames{Collect: QueueCollect, Sweep: QueueSweep}
+		return QueueNames{Collect: QueueCollect, Sweep: QueueSweep, Marker: queueMarker}
 	}
-	return QueueNames{Collect: QueueCollect + ":" + ns, Sweep: QueueSweep + ":" + ns}
+	return QueueNames{Collect: QueueCollect + ":" + ns, Sweep: QueueSweep + ":" + ns, Marker: queueMarker + ":" + ns}
 }
 
 // Known reports whether the names are set (a zero QueueNames is a
