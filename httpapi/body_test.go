@@ -167,6 +167,30 @@ func TestABodyThatStopsArrivingIsCutOffAndGivesItsShareBack(t *testing.T) {
 	b.awaitInflight(t, 0)
 }
 
+// A body that announced far more than it sent, then stopped, is cut off by
+// what it sent: grace plus its bytes at the rate. The deadline counted the
+// bytes still to come, so the rest of a 32 MiB body had 128 s more, and
+// four such clients held the budget from every large result that long.
+func TestABodyThatStopsIsCutOffByWhatItSentNotWhatItAnnounced(t *testing.T) {
+	const announced, sent, rate = 1 << 20, 100 << 10, 64 << 10
+	b := newBudgetServer(t, httpapi.Config{MaxBody: announced, MaxInflightBodyBytes: announced,
+		BodyGrace: 300 * time.Millisecond, MinBodyRate: rate})
+	body := ignoredWebhook(announced - len(ignoredWebhook(0)))
+	start := time.Now()
+	conn := b.open(t, "/webhook", len(body), body[:sent])
+	conn.SetReadDeadline(time.Now().Add(30 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("no answer to the body that stopped: %v", err)
+	}
+	resp.Body.Close()
+	// 0.3 s + 100 KiB at 64 KiB/s is 1.9 s; counting the rest made it 16.3 s
+	if took := time.Since(start); resp.StatusCode != http.StatusRequestTimeout || took > 8*time.Second {
+		t.Errorf("a body that stopped after %d of %d bytes: %d after %v, want 408 within about 2 s", sent, len(body), resp.StatusCode, took.Round(time.Millisecond))
+	}
+	b.awaitInflight(t, 0)
+}
+
 // Whole bodies wait in line for their decoding share while others hold it,
 // are never refused for it, and leave the line when their client hangs up.
 func TestWholeBodiesWaitForTheirDecodingShareAndLeaveWhenTheirClientGoes(t *testing.T) {

@@ -213,6 +213,9 @@ func (a *Admitter) waitFailed(r *http.Request, err error, pool string) error {
 
 // paced reads a body that must keep arriving: each read's deadline allows
 // grace plus what has arrived so far at rate, counted from the last restart.
+// What a read asks for does not count: a read of the rest of a 32 MiB body
+// would otherwise be given 128 s more at 256 KiB/s before its first byte,
+// and a client that stopped sending would hold its share that long.
 type paced struct {
 	r        io.Reader
 	rc       *http.ResponseController
@@ -226,7 +229,7 @@ type paced struct {
 func (p *paced) restart() { p.start, p.got = time.Now(), 0 }
 
 func (p *paced) Read(b []byte) (int, error) {
-	allowed := p.grace + time.Duration(float64(p.got+int64(len(b)))/float64(p.rate)*float64(time.Second))
+	allowed := p.grace + time.Duration(float64(p.got)/float64(p.rate)*float64(time.Second))
 	p.rc.SetReadDeadline(p.start.Add(allowed)) // an error: the server's ReadTimeout stands
 	n, err := p.r.Read(b)
 	p.got += int64(n)
