@@ -155,10 +155,13 @@ func VersionHandler(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]string{"version": v.Version, "commit": v.Commit})
 }
 
+// stepIDParam reads the path's step id: digits only, so that one step has
+// one path ("+1" and "01" are not step 1).
 func stepIDParam(w http.ResponseWriter, r *http.Request) (int64, bool) {
-	id, err := strconv.ParseInt(r.PathValue("step_id"), 10, 64)
-	if err != nil || id < 1 {
-		writeError(w, r, http.StatusBadRequest, fmt.Sprintf("step_id: %q is not a step id", oneLine(r.PathValue("step_id"))))
+	v := r.PathValue("step_id")
+	id, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || id < 1 || v != strconv.FormatInt(id, 10) {
+		writeError(w, r, http.StatusBadRequest, fmt.Sprintf("step_id: %q is not a step id", oneLine(v)))
 		return 0, false
 	}
 	return id, true

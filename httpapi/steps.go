@@ -253,14 +253,19 @@ func rfc3339(field, s string) (time.Time, error) {
 	if err != nil {
 		return time.Time{}, invalid(fmt.Sprintf("%s: %q is not an RFC 3339 time (like 2026-12-01T00:00:00Z)", field, oneLine(s)))
 	}
+	if t.IsZero() {
+		// the zero time is "not set" from here on: refused as the storage
+		// refuses every other time it cannot store
+		return time.Time{}, invalid(fmt.Sprintf("%s: %s is outside what MySQL can store (1970-01-01T00:00:01Z to %s)",
+			field, oneLine(s), storage.LastStorableTime.Format(time.RFC3339)))
+	}
 	return t, nil
 }
 
 // stepStatus reports a step while it exists; 404 once collected.
 func (s *Server) stepStatus(w http.ResponseWriter, r *http.Request) {
-	id, err := strconv.ParseInt(r.PathValue("step_id"), 10, 64)
-	if err != nil || id < 1 {
-		writeError(w, r, http.StatusBadRequest, fmt.Sprintf("step_id: %q is not a step id", oneLine(r.PathValue("step_id"))))
+	id, ok := stepIDParam(w, r)
+	if !ok {
 		return
 	}
 	st, err := s.cfg.Store.StepStatus(r.Context(), id)

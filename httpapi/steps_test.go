@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -113,6 +114,9 @@ func TestV1EnqueueRejectsBadStepsNamingTheFieldAndWritesNothing(t *testing.T) {
 		}), 400, `commands[1].command_uuid: "U" repeats commands[0]`},
 		{"bad base64", step(func(m map[string]any) { m["context"] = "!!" }), 400, "context: not standard base64"},
 		{"bad time", step(func(m map[string]any) { m["timeout"] = "tomorrow" }), 400, `timeout: "tomorrow" is not an RFC 3339 time`},
+		// the zero time was taken for "not set": a step sent now, or the default timeout
+		{"year 1 not_until", step(func(m map[string]any) { m["not_until"] = "0001-01-01T00:00:00Z" }), 400, "not_until: 0001-01-01T00:00:00Z is outside what MySQL can store"},
+		{"year 1 timeout, another zone", step(func(m map[string]any) { m["timeout"] = "0001-01-01T01:00:00+01:00" }), 400, "timeout: 0001-01-01T01:00:00+01:00 is outside what MySQL can store"},
 		{"timeout before not_until", step(func(m map[string]any) {
 			m["not_until"], m["timeout"] = "2030-01-02T00:00:00Z", "2030-01-01T00:00:00Z"
 		}), 400, "timeout: 2030-01-01T00:00:00Z is not after not_until (2030-01-02T00:00:00Z)"},
@@ -288,5 +292,23 @@ func TestV1ConflictNamesLongIdsInFull(t *testing.T) {
 	want := fmt.Sprintf("enrollment %q already holds command %q", id, uuid)
 	if msg, _ := body["error"].(string); status != http.StatusConflict || msg != want {
 		t.Errorf("%d %q, want 409 %q", status, msg, want)
+	}
+}
+
+// A step id in a path is its digits alone: "+1" and "01" are not step 1.
+func TestStepIDsInPathsAreDigitsAlone(t *testing.T) {
+	b := setup(t, nil)
+	id := b.enqueue(t, "wf.path", []string{"P-1"}, "P-UUID")
+	for _, p := range []string{"+%d", "0%d", " %d"} {
+		path := "/v1/steps/" + url.PathEscape(fmt.Sprintf(p, id))
+		for _, suffix := range []string{"", "/outstanding"} {
+			status, body := b.client.V1(t, "GET", path+suffix, nil)
+			if status != 400 || !strings.Contains(fmt.Sprint(body["error"]), "is not a step id") {
+				t.Errorf("GET %s%s: %d %v, want 400 naming the step id", path, suffix, status, body)
+			}
+		}
+	}
+	if status, _ := b.client.V1(t, "GET", fmt.Sprintf("/v1/steps/%d", id), nil); status != 200 {
+		t.Errorf("GET /v1/steps/%d: %d, want 200", id, status)
 	}
 }
