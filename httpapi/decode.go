@@ -135,6 +135,36 @@ func DecodeWebhook(body []byte) (*WebhookEvent, error) {
 	}
 }
 
+// CheckWebhookPlists checks, for a handler that decodes a NanoMDM webhook
+// body itself (cmd/nanocmd: NanoCMD's, whose plist decoder a hostile
+// plist stops with a fatal stack overflow or out-of-memory), that the body
+// is JSON and that every raw_payload it carries, of any topic, is standard
+// base64 of one plist within mdmplist.DefaultLimits. An error is a
+// storage.EInvalid naming the field, in one line.
+func CheckWebhookPlists(body []byte) error {
+	var w wireEvent
+	if err := json.Unmarshal(body, &w); err != nil {
+		return invalid(jsonProblem(err))
+	}
+	for _, e := range []struct {
+		field string
+		p     *wirePayload
+	}{{"acknowledge_event", w.AcknowledgeEvent}, {"checkin_event", w.CheckinEvent}} {
+		if e.p == nil || !e.p.RawPayload.present {
+			continue // whether one is needed is the handler's to say
+		}
+		raw, err := rawPayload(e.field, e.p.RawPayload)
+		if err != nil {
+			return err
+		}
+		// the keys the api reads must be strings, once, here too
+		if _, err := mdmplist.TopLevelStrings(raw, mdmplist.DefaultLimits, keyStatus, keyCommandUUID, keyMessageType); err != nil {
+			return invalid(e.field + ".raw_payload: not a plist: " + oneLine(err.Error()))
+		}
+	}
+	return nil
+}
+
 func decodeResult(ev *WebhookEvent, p *wirePayload) (*WebhookEvent, error) {
 	const field = "acknowledge_event"
 	if p == nil {

@@ -39,6 +39,7 @@ import (
 	"github.com/micromdm/nanolib/log"
 	"github.com/rs/zerolog"
 
+	"github.com/stepcollect/stepcollect/httpapi"
 	"github.com/stepcollect/stepcollect/internal/bodyadmit"
 	"github.com/stepcollect/stepcollect/internal/version"
 	"github.com/stepcollect/stepcollect/metrics"
@@ -347,6 +348,15 @@ func webhookBody(next http.Handler, key []byte, bodies *bodyadmit.Admitter, logg
 				http.Error(w, "X-Hmac-Signature: missing or wrong (-webhook-hmac-key)", http.StatusUnauthorized)
 				return
 			}
+		}
+		// NanoCMD's handler decodes every raw_payload with a decoder that
+		// a small hostile plist stops the process with (a binary dict that
+		// contains itself: a fatal stack overflow; an array claiming 2^34
+		// elements: out of memory), losing every result in flight
+		if err := httpapi.CheckWebhookPlists(body); err != nil {
+			logger.Info(logkeys.Message, "webhook refused", logkeys.Error, err.Error())
+			http.Error(w, "webhook "+err.Error(), http.StatusBadRequest)
+			return
 		}
 		r.Body = io.NopCloser(bytes.NewReader(body))
 		next.ServeHTTP(w, r)
