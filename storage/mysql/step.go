@@ -256,6 +256,9 @@ func validateStep(step *nanostorage.StepEnqueuingWithConfig) error {
 		switch j, dup := seenID[id]; {
 		case id == "":
 			return inv("ids[%d]: empty", i)
+		case strings.TrimSpace(id) != id:
+			// no enrollment id has any, and MariaDB takes "A " for "A"
+			return inv("ids[%d]: %q begins or ends with white space", i, id)
 		case len(id) > maxNameLen:
 			return inv("ids[%d]: longer than %d bytes", i, maxNameLen)
 		case dup:
@@ -268,6 +271,8 @@ func validateStep(step *nanostorage.StepEnqueuingWithConfig) error {
 		switch j, dup := seenUUID[c.CommandUUID]; {
 		case c.CommandUUID == "":
 			return inv("commands[%d].command_uuid: missing", i)
+		case strings.TrimSpace(c.CommandUUID) != c.CommandUUID:
+			return inv("commands[%d].command_uuid: %q begins or ends with white space", i, c.CommandUUID)
 		case len(c.CommandUUID) > maxCommandUUIDLen:
 			return inv("commands[%d].command_uuid: longer than %d bytes", i, maxCommandUUIDLen)
 		case dup:

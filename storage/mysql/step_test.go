@@ -114,6 +114,10 @@ func TestStoreStepRejectsBadInputNamingTheField(t *testing.T) {
 		{"no instance", func(s *nanostorage.StepEnqueuingWithConfig) { s.InstanceID = "" }, "instance_id: missing"},
 		{"no ids", func(s *nanostorage.StepEnqueuingWithConfig) { s.IDs = nil }, "ids: empty"},
 		{"empty id", func(s *nanostorage.StepEnqueuingWithConfig) { s.IDs[1] = "" }, "ids[1]: empty"},
+		{"blank id", func(s *nanostorage.StepEnqueuingWithConfig) { s.IDs[1] = "   " }, `ids[1]: "   " begins or ends with white space`},
+		// MariaDB compares "bad-ID-00000 " equal to "bad-ID-00000"
+		{"id with a trailing space", func(s *nanostorage.StepEnqueuingWithConfig) { s.IDs[1] = s.IDs[0] + " " }, `ids[1]: "bad-ID-00000 " begins or ends with white space`},
+		{"blank uuid", func(s *nanostorage.StepEnqueuingWithConfig) { s.Commands[1].CommandUUID = " " }, `commands[1].command_uuid: " " begins or ends with white space`},
 		{"repeated id", func(s *nanostorage.StepEnqueuingWithConfig) { s.IDs[2] = s.IDs[0] }, `ids[2]: "bad-ID-00000" repeats ids[0]`},
 		{"no commands", func(s *nanostorage.StepEnqueuingWithConfig) { s.Commands = nil }, "commands: empty"},
 		{"no uuid", func(s *nanostorage.StepEnqueuingWithConfig) { s.Commands[1].CommandUUID = "" }, "commands[1].command_uuid: missing"},
