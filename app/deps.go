@@ -49,7 +49,7 @@ func addCommonFlags(s *config.Set) *commonFlags {
 		migrate:  s.Bool("migrate", "STEPCOLLECT_MIGRATE", true, "apply the embedded schema migrations at start"),
 		maxConns: s.Int("mysql-max-conns", "STEPCOLLECT_MYSQL_MAX_CONNS", 64, "most MySQL connections this process opens (every replica's count adds up against max_connections)"),
 		tryTimeout: s.Duration("mysql-try-timeout", "STEPCOLLECT_MYSQL_TRY_TIMEOUT", stepmysql.DefaultAttemptTimeout,
-			"longest one try of a transaction (or one statement outside one) may take before its connection is closed and it is tried again on a fresh one; 0 for no bound"),
+			"longest one try of a transaction (or one statement outside one; storing a step: between two of its statements) may take before its connection is closed and it is tried again on a fresh one; 0 for no bound"),
 		level:  s.String("log-level", "STEPCOLLECT_LOG_LEVEL", "info", "debug, info, warn or error"),
 		format: s.String("log-format", "STEPCOLLECT_LOG_FORMAT", "json", "json, or console for people"),
 	}

@@ -75,6 +75,10 @@ type faultConnector struct {
 	// listening does) and fails every statement on an open one with
 	// driver.ErrBadConn, until cleared.
 	down bool
+	// slowBefore makes every statement containing it take slowBy longer
+	// (a busy server: each statement answers, slowly).
+	slowBefore string
+	slowBy     time.Duration
 }
 
 // isDown says whether the server is down.
@@ -261,6 +265,18 @@ func (f *faultConn) ExecContext(ctx context.Context, query string, args []driver
 	f.c.maybeKill(ctx, f.id, query)
 	if f.c.takeStall(query) {
 		return nil, f.silent(ctx)
+	}
+	f.c.mu.Lock()
+	slow := f.c.slowBefore != "" && strings.Contains(query, f.c.slowBefore)
+	by := f.c.slowBy
+	f.c.mu.Unlock()
+	if slow {
+		select {
+		case <-ctx.Done():
+			f.Conn.Close()
+			return nil, ctx.Err()
+		case <-time.After(by):
+		}
 	}
 	res, held, err := f.execContext(ctx, query, args)
 	if !held {

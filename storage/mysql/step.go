@@ -76,10 +76,12 @@ func (s *Storage) StoreStepID(ctx context.Context, step *nanostorage.StepEnqueui
 			return fmt.Errorf("inserting step: %w", err)
 		}
 		prevStepID = stepID
+		a.madeProgress()
 		if !step.NotUntil.IsZero() {
 			if err := s.insertRawCommands(ctx, tx, stepID, step.Commands); err != nil {
 				return err
 			}
+			a.madeProgress()
 		}
 		// Rows are built one INSERT at a time, never ids x commands at
 		// once: memory stays at one statement's worth however large the
@@ -93,6 +95,7 @@ func (s *Storage) StoreStepID(ctx context.Context, step *nanostorage.StepEnqueui
 			if _, err := tx.ExecContext(ctx, q, vals...); err != nil {
 				return fmt.Errorf("inserting enrollment commands of step %d: %w", stepID, err)
 			}
+			a.madeProgress()
 			vals = vals[:0]
 			return nil
 		}

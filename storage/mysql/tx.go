@@ -26,6 +26,18 @@ const maxConnRetries = 3
 type attempt struct {
 	n               int
 	ambiguousCommit bool
+	// byProgress bounds the try by the time between its statements, not
+	// by its whole length (storing a step: see tryWithin); progress, set
+	// for such a try, is called after each statement that succeeded.
+	byProgress bool
+	progress   func()
+}
+
+// madeProgress tells a try bounded by progress that a statement succeeded.
+func (a *attempt) madeProgress() {
+	if a.progress != nil {
+		a.progress()
+	}
 }
 
 type txBody func(ctx context.Context, tx *sql.Tx, a *attempt) error
@@ -44,7 +56,12 @@ var errAttemptTimedOut = errors.New("the try took longer than its bound (the ser
 // retry runs try until it succeeds, fails for a reason a retry cannot
 // help, or has failed s.maxAttempts times; see inTx.
 func (s *Storage) retry(ctx context.Context, op string, try func(ctx context.Context, a *attempt) error) error {
-	a := &attempt{}
+	// A step's rows are written in statements of a bounded size, as many
+	// as its ids x commands take: a step at the default limits (1,000,000
+	// rows) takes longer than -mysql-try-timeout as a whole, and was
+	// refused with a 503 blaming the server. Its bound is on each
+	// statement instead.
+	a := &attempt{byProgress: op == storage.OpStoreStep}
 	err := s.retryTries(ctx, op, a, try)
 	if err != nil && a.ambiguousCommit && storage.ErrorCode(err) == "" && !errors.Is(err, storage.ErrCommitUnknown) {
 		// A try's COMMIT went unanswered and no later try could settle
@@ -118,9 +135,27 @@ func (s *Storage) asResult(ctx context.Context, op string, try func() error) err
 // (not by the caller) is a broken connection to retry: go-sql-driver
 // closed the connection when the context ended, and the server rolls back
 // whatever the try held.
+//
+// A try with a.byProgress is cut off only when s.attemptTimeout passes
+// without a statement of it succeeding (a.madeProgress), however long it
+// takes in all: a silent server is found as soon, and a long transaction
+// that keeps going is not taken for one.
 func (s *Storage) tryWithin(ctx context.Context, a *attempt, try func(ctx context.Context, a *attempt) error) error {
 	if s.attemptTimeout <= 0 {
 		return try(ctx, a)
+	}
+	if a.byProgress {
+		actx, cancel := context.WithCancelCause(ctx)
+		defer cancel(nil)
+		watchdog := time.AfterFunc(s.attemptTimeout, func() { cancel(errAttemptTimedOut) })
+		defer watchdog.Stop()
+		a.progress = func() { watchdog.Reset(s.attemptTimeout) }
+		defer func() { a.progress = nil }()
+		err := try(actx, a)
+		if err != nil && ctx.Err() == nil && errors.Is(context.Cause(actx), errAttemptTimedOut) {
+			return fmt.Errorf("%w: %v passed without a statement done: %w", errAttemptTimedOut, s.attemptTimeout, err)
+		}
+		return err
 	}
 	actx, cancel := context.WithTimeoutCause(ctx, s.attemptTimeout, errAttemptTimedOut)
 	defer cancel()

@@ -415,3 +415,35 @@ func lostCommitAnswerWithTheServerGone(t *testing.T, multi completionPath) {
 		t.Errorf("%d events for %s, want the 1 its lost COMMIT wrote", n, step.IDs[0])
 	}
 }
+
+// A step whose rows take more statements than one try's bound allows in
+// all is stored all the same while each statement answers within it: the
+// bound is on the time without progress. A step at the default limits
+// (1,000,000 rows) was refused with a 503 blaming the server. A server
+// that goes silent in the middle is still found within the bound.
+func TestALargeStepIsBoundedByEachStatementNotTheWhole(t *testing.T) {
+	t.Parallel()
+	const bound = 800 * time.Millisecond
+	b, fc := setupFaulty(t, stepmysql.WithAttemptTimeout(bound))
+	ctx := t.Context()
+	// 5 statements of 1000 rows, each 300 ms slow: 1.5 s in all
+	fc.arm(func(fc *faultConnector) { fc.slowBefore, fc.slowBy = "INSERT INTO id_commands", 300*time.Millisecond })
+	step := testkit.FanOut("slowbig", 2500, 2)
+	id, err := b.store.StoreStepID(ctx, step, time.Now())
+	if err != nil {
+		t.Fatalf("a 5000-row step, each statement within the bound: %v", err)
+	}
+	if n := testkit.Count(t, b.db.DB, `SELECT COUNT(*) FROM id_commands WHERE step_id = ?`, id); n != 5000 {
+		t.Errorf("%d rows of step %d, want 5000", n, id)
+	}
+
+	fc.arm(func(fc *faultConnector) { fc.slowBefore, fc.stallBefore = "", "INSERT INTO id_commands" })
+	start := time.Now()
+	id, err = b.store.StoreStepID(ctx, testkit.FanOut("silentbig", 2500, 2), time.Now())
+	if err != nil || fc.stalled != 1 {
+		t.Fatalf("a step whose first rows met a silent server: %d, %v (%d held); want it stored on the next try", id, err, fc.stalled)
+	}
+	if took := time.Since(start); took > 10*bound {
+		t.Errorf("stored %v after the server went silent, want about one bound (%v) later", took, bound)
+	}
+}
