@@ -193,26 +193,30 @@ func TestABodyThatStopsIsCutOffByWhatItSentNotWhatItAnnounced(t *testing.T) {
 
 // Whole bodies wait in line for their decoding share while others hold it,
 // are never refused for it, and leave the line when their client hangs up.
+// A small one (whole in its first 64 KiB, as every ordinary result) has a
+// share of its own and is answered at once meanwhile: in one line with
+// the large ones, three 30 MB steps held small results up for seconds.
 func TestWholeBodiesWaitForTheirDecodingShareAndLeaveWhenTheirClientGoes(t *testing.T) {
 	store := blockingStore{entered: make(chan struct{}), release: make(chan struct{})}
-	b := newBudgetServer(t, httpapi.Config{Store: store, APIKey: apiKey, MaxBody: 64 << 10, MaxInflightBodyBytes: 64 << 10})
+	const budget = 256 << 10 // an eighth for small bodies, 224 KiB for large ones
+	b := newBudgetServer(t, httpapi.Config{Store: store, APIKey: apiKey, MaxBody: budget, MaxInflightBodyBytes: budget})
 
-	// The first holds the whole decoding budget in its handler (the store).
-	first := postStepPadded(b.srv.URL)
+	// The first holds the large bodies' whole share in its handler (the store).
+	first := postStepPadded(b.srv.URL, 100<<10)
 	<-store.entered
-	b.awaitInflight(t, 64<<10)
+	b.awaitInflight(t, budget-budget/8)
 
 	// A second waits, unanswered, for as long as the first holds it.
 	second := make(chan int, 1)
 	go func() {
-		status, _ := b.post(ignoredWebhook(20<<10), nil)
+		status, _ := b.post(ignoredWebhook(80<<10), nil)
 		second <- status
 	}()
 	// A third gives up while it waits, and leaves the line.
 	ctx, cancel := context.WithCancel(context.Background())
 	third := make(chan error, 1)
 	go func() {
-		req, _ := http.NewRequestWithContext(ctx, "POST", b.srv.URL+"/webhook", strings.NewReader(ignoredWebhook(20<<10)))
+		req, _ := http.NewRequestWithContext(ctx, "POST", b.srv.URL+"/webhook", strings.NewReader(ignoredWebhook(80<<10)))
 		resp, err := http.DefaultClient.Do(req)
 		if err == nil {
 			resp.Body.Close()
@@ -223,6 +227,9 @@ func TestWholeBodiesWaitForTheirDecodingShareAndLeaveWhenTheirClientGoes(t *test
 	case status := <-second:
 		t.Fatalf("the second request was answered %d while the first held the whole budget", status)
 	case <-time.After(300 * time.Millisecond):
+	}
+	if status, took := b.post(ignoredWebhook(2<<10), nil); status != 200 || took > time.Second {
+		t.Errorf("a small webhook while large bodies wait in line: %d after %v, want 200 at once", status, took)
 	}
 	cancel()
 	if err := <-third; err == nil {
@@ -270,8 +277,8 @@ func TestBodyBudgetWaitDoesNotCostARequestItsTimeouts(t *testing.T) {
 	srv.Start()
 	defer srv.Close()
 
-	// The first holds the whole budget in its handler (the store).
-	first := postStepPadded(srv.URL)
+	// The first holds the whole share of small bodies in its handler (the store).
+	first := postStepPadded(srv.URL, 20<<10)
 	<-store.entered
 
 	// The second, larger than what the server reads with its headers,
@@ -307,11 +314,11 @@ func TestBodyBudgetWaitDoesNotCostARequestItsTimeouts(t *testing.T) {
 }
 
 // postStepPadded sends, in the background, a POST /v1/steps of one id and
-// one command padded to 20 KiB, and gives its status (-1: no answer).
-func postStepPadded(url string) <-chan int {
+// one command padded with pad spaces, and gives its status (-1: no answer).
+func postStepPadded(url string, pad int) <-chan int {
 	status := make(chan int, 1)
 	go func() {
-		req, _ := http.NewRequest("POST", url+"/v1/steps", strings.NewReader(string(testkit.V1StepJSON(1, 1))+strings.Repeat(" ", 20<<10)))
+		req, _ := http.NewRequest("POST", url+"/v1/steps", strings.NewReader(string(testkit.V1StepJSON(1, 1))+strings.Repeat(" ", pad)))
 		req.Header.Set("Authorization", "Bearer "+apiKey)
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {

@@ -19,6 +19,12 @@
 // Both pools serve their waiters in order (golang.org/x/sync/semaphore), so
 // a large body is not starved by a stream of small ones; a body waiting for
 // its decoding share has arrived whole, so nothing there waits on a client.
+//
+// A body whole in its first chunk (every ordinary MDM result) takes its
+// decoding share from a pool of its own, an eighth of the budget, so that
+// it never waits in line behind large ones: three 30 MB steps, each
+// holding its share while it is stored, held every small result up for
+// seconds.
 package bodyadmit
 
 import (
@@ -183,10 +189,15 @@ func (a *Admitter) Admit(w http.ResponseWriter, r *http.Request) ([]byte, func()
 }
 
 // decodingShare waits for body's decoding share, then gives back its
-// arrival share (giveBack, nil for a body that held none).
+// arrival share (giveBack, nil for a body that held none: one whole in its
+// first chunk, whose share comes from the small bodies' pool).
 func (a *Admitter) decodingShare(rc *http.ResponseController, r *http.Request, body []byte, giveBack func()) ([]byte, func(), error) {
-	weight := min(int64(len(body))*WorkingSetFactor, a.budget.decodingSize)
-	_, err := a.budget.take(r.Context(), a.budget.decoding, weight)
+	pool, size := a.budget.decoding, a.budget.decodingSize
+	if giveBack == nil {
+		pool, size = a.budget.small, a.budget.smallSize
+	}
+	weight := min(int64(len(body))*WorkingSetFactor, size)
+	_, err := a.budget.take(r.Context(), pool, weight)
 	if giveBack != nil {
 		giveBack()
 	}
@@ -197,7 +208,7 @@ func (a *Admitter) decodingShare(rc *http.ResponseController, r *http.Request, b
 	// error means the connection cannot; it keeps the server's.
 	rc.SetReadDeadline(time.Time{})
 	rc.SetWriteDeadline(time.Now().Add(a.cfg.Timeout))
-	return body, func() { a.budget.give(a.budget.decoding, weight) }, nil
+	return body, func() { a.budget.give(pool, weight) }, nil
 }
 
 // waitFailed is the error of a request that stopped waiting for a share:
@@ -251,22 +262,25 @@ func (p *paced) failed(err error, got int64) error {
 	}
 }
 
-// budget is Config.Budget as two weighted semaphores: bodies
-// arriving (each its size, half the budget in all) and bodies being decoded
-// and handled (each bodyWorkingSetFactor x its size, the whole budget), with
-// one gauge of what both hold.
+// budget is Config.Budget as weighted semaphores: bodies arriving (each
+// its size, half the budget in all) and bodies being decoded and handled
+// (each WorkingSetFactor x its size, the whole budget: an eighth for the
+// bodies whole in their first chunk, the rest for larger ones), with one
+// gauge of what they hold.
 type budget struct {
-	arriving, decoding         *semaphore.Weighted
-	arrivingSize, decodingSize int64
-	used                       atomic.Int64
-	gauge                      prometheus.Gauge // nil without metrics
+	arriving, decoding, small             *semaphore.Weighted
+	arrivingSize, decodingSize, smallSize int64
+	used                                  atomic.Int64
+	gauge                                 prometheus.Gauge // nil without metrics
 }
 
 func newBudget(size int64, gauge prometheus.Gauge) *budget {
-	a := max(size/2, 1)
+	a, s := max(size/2, 1), max(size/8, 1)
+	d := max(size-s, 1)
 	return &budget{
 		arriving: semaphore.NewWeighted(a), arrivingSize: a,
-		decoding: semaphore.NewWeighted(size), decodingSize: size,
+		decoding: semaphore.NewWeighted(d), decodingSize: d,
+		small: semaphore.NewWeighted(s), smallSize: s,
 		gauge: gauge,
 	}
 }
