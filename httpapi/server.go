@@ -174,6 +174,10 @@ func New(cfg Config) *Server {
 		}
 		writeError(w, r, http.StatusNotFound, "no such endpoint: "+r.Method+" "+oneLine(r.URL.Path))
 	}))
+	// the rest: JSON, as every other refusal, not net/http's plain text
+	s.handle("/", "other", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, r, http.StatusNotFound, "no such endpoint: "+oneLine(r.Method)+" "+oneLine(r.URL.Path))
+	})
 	s.handle("GET /healthz", "healthz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok\n")) })
 	s.handle("GET /readyz", "readyz", ReadyHandler(cfg.Ready))
 	if cfg.Gatherer != nil {

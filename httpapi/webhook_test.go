@@ -356,3 +356,21 @@ func TestV1OtherMethodsAre405NamingTheOnesTaken(t *testing.T) {
 		}
 	}
 }
+
+// A path the api does not serve is a JSON 404 naming it, as every other
+// refusal (net/http's own is plain text).
+func TestAnUnknownPathIsAJSON404(t *testing.T) {
+	b := setup(t, nil)
+	for _, path := range []string{"/", "/nothing", "/webhookx"} {
+		resp, err := http.Get(b.srv.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var body struct{ Error string }
+		err = json.NewDecoder(resp.Body).Decode(&body)
+		resp.Body.Close()
+		if resp.StatusCode != 404 || err != nil || body.Error != "no such endpoint: GET "+path || resp.Header.Get("Content-Type") != "application/json" {
+			t.Errorf("GET %s: %d %q (%v, %s), want a JSON 404 naming it", path, resp.StatusCode, body.Error, err, resp.Header.Get("Content-Type"))
+		}
+	}
+}
