@@ -8,9 +8,14 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/rs/zerolog"
+
 	"github.com/stepcollect/stepcollect/logkeys"
 	"github.com/stepcollect/stepcollect/storage"
 )
+
+// failLinesPerSecond bounds the "delivery failed; will retry" lines.
+const failLinesPerSecond = 5
 
 // DispatchStore is what the dispatcher needs of the storage.
 type DispatchStore interface {
@@ -90,10 +95,13 @@ type DispatchConfig struct {
 // depends on Redis, and an event whose worker died is delivered by another
 // once its lease lapses.
 type Dispatcher struct {
-	cfg    DispatchConfig
-	d      *Deliverer
-	store  DispatchStore
-	paused atomic.Bool // as the last claim of any loop found it: logs once per change
+	cfg DispatchConfig
+	d   *Deliverer
+	// retryLog is d's logger sampled to failLinesPerSecond lines a second,
+	// for the failures that will be retried
+	retryLog zerolog.Logger
+	store    DispatchStore
+	paused   atomic.Bool // as the last claim of any loop found it: logs once per change
 
 	// mine is every event this worker's loops are delivering, until
 	// acknowledged or failed. A claim that returns one of them (its lease
@@ -151,7 +159,11 @@ func NewDispatcher(cfg DispatchConfig, d *Deliverer, store DispatchStore) *Dispa
 	// at most Loops × Batch POSTs at once: that many connections, kept
 	d.keepOpen(cfg.Loops * cfg.Batch)
 	return &Dispatcher{cfg: cfg, d: d, store: store, mine: map[int64]bool{}, acked: map[int64]time.Time{}, claims: map[int]time.Time{},
-		places: newPlaces(cfg.Loops * cfg.Batch), leased: map[int64]leasedEvent{}}
+		places: newPlaces(cfg.Loops * cfg.Batch), leased: map[int64]leasedEvent{},
+		// a receiver that is down fails every event, retried every few
+		// seconds: a line each was thousands a second, which buried
+		// everything else; stepcollect_deliveries_total counts them all
+		retryLog: d.logger.Sample(&zerolog.BurstSampler{Burst: failLinesPerSecond, Period: time.Second})}
 }
 
 type leasedEvent struct {
@@ -372,8 +384,8 @@ func (p *Dispatcher) start(ctx context.Context, ev *storage.OutboxEvent, ended f
 		if ferr := p.store.FailEvent(ctx, ev.OutboxRef, err.Error(), retryAt); ferr != nil {
 			p.d.logger.Warn().Err(ferr).Int64(logkeys.OutboxID, ev.ID).Msg("recording the failed delivery; its lease lapses instead")
 		}
-		p.d.logger.Warn().Err(err).Int64(logkeys.OutboxID, ev.ID).Str(logkeys.EventID, ev.EventID).Str(logkeys.EventType, ev.Type).
-			Int(logkeys.Attempt, ev.Attempts).Time("retry_at", retryAt).Msg("delivery failed; will retry")
+		p.retryLog.Warn().Err(err).Int64(logkeys.OutboxID, ev.ID).Str(logkeys.EventID, ev.EventID).Str(logkeys.EventType, ev.Type).
+			Int(logkeys.Attempt, ev.Attempts).Time("retry_at", retryAt).Msg("delivery failed; will retry (at most 5 such lines a second per worker)")
 	}
 }
 

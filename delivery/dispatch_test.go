@@ -414,3 +414,35 @@ func TestAHangingPOSTHoldsUpNoOtherEvent(t *testing.T) {
 	}
 	rcv.Check(t)
 }
+
+// A receiver that is down fails every event, and every retry: the log has
+// at most a few "will retry" lines a second per worker, not one per try
+// (thousands a second), while the metric counts every one.
+func TestFailedDeliveriesLogAFewLinesASecondNotOneEach(t *testing.T) {
+	t.Parallel()
+	_, store := testkit.NewStorage(t, stepmysql.WithOutbox())
+	rcv := testkit.NewReceiver(t, testkit.ReceiverOptions{CompletionsOnly: true})
+	rcv.Refuse(http.StatusServiceUnavailable)
+	completions(t, store, "noisy", 200)
+	var logs syncBuffer
+	reg := prometheus.NewRegistry()
+	d := delivery.New(delivery.Config{URL: rcv.URL}, metrics.NewDelivery(reg, "step.completed"), zerolog.New(&logs))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	start := time.Now()
+	go func() {
+		delivery.NewDispatcher(delivery.DispatchConfig{MaxBackoff: 100 * time.Millisecond}, d, store).Run(ctx)
+		close(done)
+	}()
+	testkit.WaitUntil(t, 15*time.Second, "1000 failed tries (refused so far)", func() (bool, any) {
+		n := rcv.Stats().Refused
+		return n >= 1000, n
+	})
+	cancel()
+	<-done
+	secs := time.Since(start).Seconds()
+	lines := strings.Count(logs.String(), "delivery failed; will retry")
+	if max := int(5*(secs+1)) + 5; lines > max || lines == 0 {
+		t.Errorf("%d \"will retry\" lines in %.1f s for %d failed tries, want at least one and at most %d", lines, secs, rcv.Stats().Refused, max)
+	}
+}
