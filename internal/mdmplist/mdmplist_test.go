@@ -337,6 +337,7 @@ func TestErrorsSayWhatIsWrong(t *testing.T) {
 		{[]byte("bplist00\x00"), "binary plist: 9 bytes is too short (a binary plist has at least 42)"},
 		{[]byte(`<plist><array/></plist>`), "xml plist: the plist's root is <array>, not a dict (at byte 15)"},
 		{[]byte("<plist>\n<dict>\n<key>a</key>\n</plist>"), "xml plist: <dict> closed by </plist> (at byte 36)"},
+		{[]byte(`<?xml version="1.0" encoding="ISO-8859-1"?><plist><dict/></plist>`), `xml plist: xml: opening charset "ISO-8859-1": only UTF-8 is read (what devices send)`},
 	} {
 		_, err := mdmplist.TopLevelStrings(tc.data, mdmplist.DefaultLimits, "Status")
 		if err == nil || err.Error() != tc.want {

@@ -131,6 +131,11 @@ func scanXML(data []byte, lim Limits, keys []string) (map[string]string, error) 
 func scanXMLSlow(data []byte, lim Limits, keys []string) (map[string]string, error) {
 	d := xml.NewDecoder(bytes.NewReader(data))
 	d.Strict = true
+	// asked only for a declared encoding other than UTF-8: encoding/xml's
+	// own answer ("Decoder.CharsetReader is nil") tells a sender nothing
+	d.CharsetReader = func(string, io.Reader) (io.Reader, error) {
+		return nil, errors.New("only UTF-8 is read (what devices send)")
+	}
 	s := &xmlScanner{d: slowTokens{d}, lim: lim, keys: keys, out: map[string]string{}}
 	if err := s.run(); err != nil {
 		return nil, err
