@@ -17,6 +17,24 @@ import (
 // failLinesPerSecond bounds the "delivery failed; will retry" lines.
 const failLinesPerSecond = 5
 
+// When a POST succeeds after at least kickAfter failures in a row, the
+// receiver is taken to be back: the events that failed meanwhile are made
+// due at once (up to kickLimit, at most once every kickEvery per worker),
+// rather than each at the end of its backoff. A few events a receiver
+// refuses among many it takes never make such a run; if they do, they
+// are tried once more than their backoff says, at most every kickEvery.
+const (
+	kickAfter = 8
+	kickEvery = 5 * time.Second
+	kickLimit = 10000
+)
+
+// backoffEnder is a DispatchStore that can end every backoff at once
+// (storage/mysql's EndBackoffs).
+type backoffEnder interface {
+	EndBackoffs(ctx context.Context, limit int) (int64, error)
+}
+
 // DispatchStore is what the dispatcher needs of the storage.
 type DispatchStore interface {
 	ClaimDueEvents(ctx context.Context, limit int, lease time.Duration) ([]*storage.OutboxEvent, error)
@@ -102,6 +120,10 @@ type Dispatcher struct {
 	retryLog zerolog.Logger
 	store    DispatchStore
 	paused   atomic.Bool // as the last claim of any loop found it: logs once per change
+	// failStreak counts the POSTs failed since the last that succeeded;
+	// lastKick is when the backoffs were last ended (unix nanoseconds)
+	failStreak atomic.Int64
+	lastKick   atomic.Int64
 
 	// mine is every event this worker's loops are delivering, until
 	// acknowledged or failed. A claim that returns one of them (its lease
@@ -363,7 +385,13 @@ func (p *Dispatcher) start(ctx context.Context, ev *storage.OutboxEvent, ended f
 		p.d.metrics.Deliveries.WithLabelValues(ev.Type, outcome).Inc()
 		if err == nil {
 			p.delivered <- ev.OutboxRef // keeps its lease until acknowledged
+			if p.failStreak.Swap(0) >= kickAfter {
+				p.kick(ctx)
+			}
 			return
+		}
+		if ctx.Err() == nil {
+			p.failStreak.Add(1)
 		}
 		p.release(false, ev.OutboxRef)
 		if ctx.Err() != nil {
@@ -387,6 +415,24 @@ func (p *Dispatcher) start(ctx context.Context, ev *storage.OutboxEvent, ended f
 		p.retryLog.Warn().Err(err).Int64(logkeys.OutboxID, ev.ID).Str(logkeys.EventID, ev.EventID).Str(logkeys.EventType, ev.Type).
 			Int(logkeys.Attempt, ev.Attempts).Time("retry_at", retryAt).Msg("delivery failed; will retry (at most 5 such lines a second per worker)")
 	}
+}
+
+// kick ends the backoffs of the events that failed while the receiver was
+// down, now that it answers again (see kickAfter), at most once every
+// kickEvery. Any worker may; the outbox decides who delivers them.
+func (p *Dispatcher) kick(ctx context.Context) {
+	ender, ok := p.store.(backoffEnder)
+	now := time.Now().UnixNano()
+	last := p.lastKick.Load()
+	if !ok || now-last < int64(kickEvery) || !p.lastKick.CompareAndSwap(last, now) {
+		return
+	}
+	n, err := ender.EndBackoffs(ctx, kickLimit)
+	if err != nil {
+		p.d.logger.Warn().Err(err).Msg("the receiver answers again; ending the failed events' backoffs failed, they wait them out")
+		return
+	}
+	p.d.logger.Info().Int64(logkeys.Count, n).Msg("the receiver answers again after a run of failures: the events that failed meanwhile are due now")
 }
 
 // release ends refs' deliveries, acknowledged (deleted from the outbox) or

@@ -446,3 +446,29 @@ func TestFailedDeliveriesLogAFewLinesASecondNotOneEach(t *testing.T) {
 		t.Errorf("%d \"will retry\" lines in %.1f s for %d failed tries, want at least one and at most %d", lines, secs, rcv.Stats().Refused, max)
 	}
 }
+
+// A receiver that answers again after a run of failures has the events
+// that failed meanwhile delivered at once, not each at the end of its
+// backoff (up to the cap): the first success after the run ends them all.
+func TestAReceiverThatAnswersAgainGetsTheFailedEventsAtOnce(t *testing.T) {
+	t.Parallel()
+	db, store := testkit.NewStorage(t, stepmysql.WithOutbox())
+	rcv := testkit.NewReceiver(t, testkit.ReceiverOptions{CompletionsOnly: true})
+	rcv.Refuse(http.StatusServiceUnavailable)
+	completions(t, store, "back", 20)
+	runDispatcher(t, delivery.DispatchConfig{MaxBackoff: 8 * time.Second}, rcv.URL, store)
+	// four tries each: the next is 4 to 8 s away
+	testkit.WaitUntil(t, 30*time.Second, "80 failed tries (refused so far)", func() (bool, any) {
+		n := rcv.Stats().Refused
+		return n >= 80, n
+	})
+	back := time.Now()
+	rcv.Refuse(0)
+	completions(t, store, "fresh", 1) // tried at once, and taken
+	awaitDelivered(t, rcv, 21, "21 events delivered after the receiver came back")
+	if took := time.Since(back); took > 3*time.Second {
+		t.Errorf("delivered %v after the receiver came back, want at once (the backoffs were 4 to 8 s)", took.Round(time.Millisecond))
+	}
+	awaitOutboxEmpty(t, db)
+	rcv.Check(t)
+}

@@ -61,6 +61,21 @@ func (s *Storage) ReleaseOrDeliverEvent(ctx context.Context, eventID string) (st
 	return EventUnchanged, nil
 }
 
+// EndBackoffs makes up to limit events that wait out a backoff after a
+// failed delivery due now, as "deliver now" does for one, and says how
+// many. The dispatcher calls it when its receiver answers again after a
+// run of failures: what failed while it was down is then delivered at
+// once, not each at the end of its backoff (up to the 10 s cap).
+func (s *Storage) EndBackoffs(ctx context.Context, limit int) (int64, error) {
+	ctx, cancel := s.bounded(ctx)
+	defer cancel()
+	res, err := s.db.ExecContext(ctx, qEndBackoffs, limit)
+	if err != nil {
+		return 0, fmt.Errorf("ending the backoffs of failed events: %w", err)
+	}
+	return res.RowsAffected()
+}
+
 // ListEvents returns up to limit events after the row after (0: from the
 // start), oldest first, in state (empty: every state). page.After is 0
 // once there are no more.

@@ -502,6 +502,12 @@ WHERE event_id = ? AND held_at IS NOT NULL`
 UPDATE stepcollect_outbox SET lease_until = DEFAULT, retry_at = NULL
 WHERE event_id = ? AND held_at IS NULL AND retry_at IS NOT NULL`
 
+	// The same for every event waiting out a backoff (EndBackoffs), in id
+	// order along outbox_held_at's NULL entries, as claims lock them.
+	qEndBackoffs = `
+UPDATE stepcollect_outbox SET lease_until = DEFAULT, retry_at = NULL
+WHERE held_at IS NULL AND retry_at IS NOT NULL ORDER BY id LIMIT ?`
+
 	qOutboxHasEvent = `SELECT 1 FROM stepcollect_outbox WHERE event_id = ?`
 
 	// GET /v1/events: one page after a cursor, oldest (lowest id) first.
