@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -141,17 +142,58 @@ type API struct {
 	// metricsHTTP serves /metrics on metricsLn when -metrics-listen is set
 	metricsHTTP *http.Server
 	metricsLn   net.Listener
+	// errc has what Serve returned, for each server: they serve from
+	// NewAPI on, answering as a process starting while MySQL does not
+	errc chan error
 }
 
-// NewAPI connects to MySQL (migrating it if configured), prepares the
-// handler and binds the listener. Redis need not be up: results are
-// committed without it.
-func NewAPI(ctx context.Context, cfg APIConfig, logger zerolog.Logger) (*API, error) {
-	d, err := openDeps(ctx, cfg.RedisURL, cfg.MySQLDSN, cfg.MySQLMaxConns, cfg.MySQLTryTimeout, cfg.MySQLMaxActiveResults, cfg.Migrate, true, logger)
+// NewAPI binds the listeners, connects to MySQL (waiting for it:
+// waitForMySQL, the listeners answering as a process starting meanwhile,
+// /readyz saying why), migrating it if configured, and serves the real
+// handler. Redis need not be up: results are committed without it.
+func NewAPI(ctx context.Context, cfg APIConfig, logger zerolog.Logger) (_ *API, err error) {
+	a := &API{cfg: cfg, logger: logger, errc: make(chan error, 2)}
+	if a.ln, err = net.Listen("tcp", cfg.Listen); err != nil {
+		return nil, fmt.Errorf("-listen: %w", err)
+	}
+	if cfg.MetricsListen != "" {
+		if a.metricsLn, err = net.Listen("tcp", cfg.MetricsListen); err != nil {
+			a.ln.Close()
+			return nil, fmt.Errorf("-metrics-listen: %w", err)
+		}
+	}
+	gate, metricsGate := newStartGate(), newStartGate()
+	a.http = &http.Server{
+		Handler:           gate,
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       requestTimeout,
+		WriteTimeout:      requestTimeout,
+		IdleTimeout:       2 * time.Minute,
+	}
+	if a.metricsLn != nil {
+		a.metricsHTTP = &http.Server{Handler: metricsGate, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
+			WriteTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute}
+	}
+	// served from the first failed ping on (connections before wait in
+	// the listen backlog), or once everything is ready
+	serve := sync.OnceFunc(func() {
+		go func() { a.errc <- a.http.Serve(a.ln) }()
+		if a.metricsHTTP != nil {
+			go func() { a.errc <- a.metricsHTTP.Serve(a.metricsLn) }()
+		}
+	})
+	d, err := openDeps(ctx, cfg.RedisURL, cfg.MySQLDSN, cfg.MySQLMaxConns, cfg.MySQLTryTimeout, cfg.MySQLMaxActiveResults, cfg.Migrate, true, logger,
+		func(why string) { gate.wait(why); metricsGate.wait(why); serve() })
 	if err != nil {
+		serve() // Serve closes its listener even on a server closed first
+		a.http.Close()
+		if a.metricsHTTP != nil {
+			a.metricsHTTP.Close()
+		}
 		return nil, err
 	}
-	db, enq, m := d.db, d.enq, d.metrics
+	a.db, a.enq, a.handoff, a.ns = d.db, d.enq, d.handoff, d.ns
+	m := d.metrics
 	// without a Gatherer the main handler has no /metrics route (404)
 	var mainGatherer prometheus.Gatherer = m.Registry
 	if cfg.MetricsListen != "" {
@@ -161,7 +203,7 @@ func NewAPI(ctx context.Context, cfg APIConfig, logger zerolog.Logger) (*API, er
 	if cfg.DumpWebhook {
 		dump = os.Stdout
 	}
-	handler := httpapi.New(httpapi.Config{
+	gate.open(httpapi.New(httpapi.Config{
 		DumpWebhook:          dump,
 		Store:                d.store,
 		Logger:               logger.With().Str("component", "http").Logger(),
@@ -176,36 +218,16 @@ func NewAPI(ctx context.Context, cfg APIConfig, logger zerolog.Logger) (*API, er
 		MaxStepCommands:    cfg.MaxStepCommands,
 		MaxStepRows:        cfg.MaxStepRows,
 		DefaultStepTimeout: cfg.DefaultStepTimeout,
-		Ready:              readyChecks(db, enq, false, d.secrets),
+		Ready:              readyChecks(d.db, d.enq, false, d.secrets),
 		Metrics:            m.API,
 		Gatherer:           mainGatherer,
-	})
-	ln, err := net.Listen("tcp", cfg.Listen)
-	if err != nil {
-		d.close()
-		return nil, fmt.Errorf("-listen: %w", err)
-	}
-	a := &API{
-		cfg: cfg, logger: logger, db: db, enq: enq, ln: ln, handoff: d.handoff, ns: d.ns,
-		http: &http.Server{
-			Handler:           handler,
-			ReadHeaderTimeout: 10 * time.Second,
-			ReadTimeout:       requestTimeout,
-			WriteTimeout:      requestTimeout,
-			IdleTimeout:       2 * time.Minute,
-		},
-	}
-	if cfg.MetricsListen != "" {
-		if a.metricsLn, err = net.Listen("tcp", cfg.MetricsListen); err != nil {
-			ln.Close()
-			d.close()
-			return nil, fmt.Errorf("-metrics-listen: %w", err)
-		}
+	}))
+	if a.metricsLn != nil {
 		mux := http.NewServeMux()
 		mux.Handle("GET /metrics", promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{Registry: m.Registry}))
-		a.metricsHTTP = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
-			WriteTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute}
+		metricsGate.open(mux)
 	}
+	serve()
 	return a, nil
 }
 
@@ -233,17 +255,14 @@ func (a *API) Run(ctx context.Context) error {
 	// come once it is; the hand-off keeps what it cannot enqueue meanwhile
 	go awaitNamespace(ctx, a.db, a.ns, a.logger)
 	defer func() { stopHandoff(); <-a.handoff.Done() }()
-	errc := make(chan error, 2)
-	go func() { errc <- a.http.Serve(a.ln) }()
 	metricsURL := "http://" + a.Addr() + "/metrics"
 	if a.metricsHTTP != nil {
-		go func() { errc <- a.metricsHTTP.Serve(a.metricsLn) }()
 		metricsURL = "http://" + a.MetricsAddr() + "/metrics"
 	}
 	a.logger.Info().Str("listen", "http://"+a.Addr()).Str("metrics", metricsURL).Bool("api_key_set", a.cfg.APIKey != "").
 		Bool("webhook_hmac", a.cfg.WebhookHMACKey != "").Msg("api started: POST /webhook, /v1/*, /metrics")
 	select {
-	case err := <-errc:
+	case err := <-a.errc:
 		return fmt.Errorf("serving: %w", err)
 	case <-ctx.Done():
 	}

@@ -7,7 +7,6 @@ package app
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"time"
 
@@ -95,7 +94,7 @@ type deps struct {
 // tryTimeout bounds each try (stepmysql.WithAttemptTimeout): 0 is the
 // default, negative no bound. maxActiveResults bounds the results in a
 // transaction at once (stepmysql.WithMaxActiveResults): 0 is the default.
-func openDeps(ctx context.Context, redisURL, dsn string, maxConns int, tryTimeout time.Duration, maxActiveResults int, migrate, collectViaQueue bool, logger zerolog.Logger) (*deps, error) {
+func openDeps(ctx context.Context, redisURL, dsn string, maxConns int, tryTimeout time.Duration, maxActiveResults int, migrate, collectViaQueue bool, logger zerolog.Logger, report func(string)) (*deps, error) {
 	redisOpt, err := asynq.ParseRedisURI(redisURL)
 	if err != nil {
 		return nil, fmt.Errorf("-redis-url: %w", config.RedactError(err, redisURL))
@@ -116,7 +115,7 @@ func openDeps(ctx context.Context, redisURL, dsn string, maxConns int, tryTimeou
 			d.enq, logger.With().Str("component", "handoff").Logger())
 		opts = append(opts, stepmysql.WithReleaseSink(d.handoff))
 	}
-	if d.db, d.store, err = openStorage(ctx, dsn, maxConns, migrate, logger, opts...); err != nil {
+	if d.db, d.store, err = openStorage(ctx, dsn, maxConns, migrate, logger, report, opts...); err != nil {
 		d.enq.Close()
 		return nil, config.RedactError(err, dsn, redisURL)
 	}
@@ -156,8 +155,10 @@ func (r redisLogger) Printf(_ context.Context, format string, v ...any) {
 	r.l.Info().Msg(config.Redact(fmt.Sprintf(format, v...), r.secrets...))
 }
 
-// openStorage opens the pool, migrates if asked, and returns the storage.
-func openStorage(ctx context.Context, dsn string, maxConns int, migrate bool, logger zerolog.Logger, opts ...stepmysql.Option) (*sql.DB, *stepmysql.Storage, error) {
+// openStorage opens the pool, waits for MySQL to answer (waitForMySQL,
+// each reason to wait going to report), migrates if asked, and returns
+// the storage.
+func openStorage(ctx context.Context, dsn string, maxConns int, migrate bool, logger zerolog.Logger, report func(string), opts ...stepmysql.Option) (*sql.DB, *stepmysql.Storage, error) {
 	mysql.SetLogger(mysqlLogger{logger.With().Str("component", "mysql").Logger(), dsn})
 	db, err := stepmysql.OpenDB(dsn)
 	if err != nil {
@@ -173,18 +174,7 @@ func openStorage(ctx context.Context, dsn string, maxConns int, migrate bool, lo
 	// the server (whose max_connections every replica and other client
 	// share) instead of being held idle for the hour
 	db.SetConnMaxIdleTime(time.Minute)
-	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	err = db.PingContext(pingCtx)
-	var me *mysql.MySQLError
-	if errors.As(err, &me) && me.Number == errUnknownDatabase && migrate {
-		// a fresh server: make the database, then migrate it below
-		if err = stepmysql.EnsureDatabase(pingCtx, dsn); err == nil {
-			logger.Info().Msg("created the database named in -mysql-dsn")
-			err = db.PingContext(pingCtx)
-		}
-	}
-	if err != nil {
+	if err := waitForMySQL(ctx, db, dsn, migrate, logger, report); err != nil {
 		db.Close()
 		return nil, nil, fmt.Errorf("mysql (-mysql-dsn): %w", err)
 	}

@@ -61,6 +61,11 @@ func run[C any](name string, parse func([]string, func(string) string) (C, *conf
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	svc, err := start(ctx, cfg, logger)
+	if err != nil && ctx.Err() != nil {
+		// the signal came while it waited for MySQL, or migrated
+		logger.Info().Err(err).Msg(name + " stopped before it started")
+		return 0
+	}
 	if err != nil {
 		logger.Error().Err(err).Msg(name + ": cannot start")
 		return 1

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"runtime"
+	"sync"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -119,20 +120,36 @@ type Worker struct {
 	sweeper    *collector.Sweeper
 	dispatcher *delivery.Dispatcher
 	scheduler  *scheduler.Scheduler
-	http       *http.Server
+	http       *http.Server // serving from NewWorker on (startGate)
 	ln         net.Listener
+	httpErr    chan error // what http's Serve returned
 }
 
-// NewWorker connects to MySQL (migrating it if configured), prepares the
-// asynq server and binds the metrics listener. Redis need not be up yet.
+// NewWorker binds the metrics listener, connects to MySQL (waiting for
+// it: waitForMySQL, the listener answering as a process starting
+// meanwhile, /readyz saying why), migrating it if configured, prepares the
+// asynq server and serves the listener. Redis need not be up yet.
 func NewWorker(ctx context.Context, cfg WorkerConfig, logger zerolog.Logger) (*Worker, error) {
-	d, err := openDeps(ctx, cfg.RedisURL, cfg.MySQLDSN, cfg.MySQLMaxConns, cfg.MySQLTryTimeout, 0, cfg.Migrate, false, logger)
+	ln, err := net.Listen("tcp", cfg.MetricsListen)
 	if err != nil {
+		return nil, fmt.Errorf("-metrics-listen: %w", err)
+	}
+	gate := newStartGate()
+	w := &Worker{cfg: cfg, logger: logger, ln: ln, httpErr: make(chan error, 1),
+		http: &http.Server{Handler: gate, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
+			WriteTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute}}
+	// served from the first failed ping on (connections before wait in
+	// the listen backlog), or once everything is ready
+	serve := sync.OnceFunc(func() { go func() { w.httpErr <- w.http.Serve(ln) }() })
+	d, err := openDeps(ctx, cfg.RedisURL, cfg.MySQLDSN, cfg.MySQLMaxConns, cfg.MySQLTryTimeout, 0, cfg.Migrate, false, logger,
+		func(why string) { gate.wait(why); serve() })
+	if err != nil {
+		serve() // Serve closes its listener even on a server closed first
+		w.http.Close()
 		return nil, err
 	}
 	redisOpt, m, enq, db, store := d.redisOpt, d.metrics, d.enq, d.db, d.store
-
-	w := &Worker{cfg: cfg, redisOpt: redisOpt, logger: logger, db: db, store: store, enq: enq, ns: d.ns}
+	w.redisOpt, w.db, w.store, w.enq, w.ns = redisOpt, db, store, enq, d.ns
 	// Events are offered by the dispatcher, which polls the outbox; the
 	// sweeper only counts them.
 	w.sweeper = collector.NewSweeper(collector.SweeperConfig{Interval: cfg.SweepInterval},
@@ -154,18 +171,13 @@ func NewWorker(ctx context.Context, cfg WorkerConfig, logger zerolog.Logger) (*W
 	w.dispatcher = delivery.NewDispatcher(delivery.DispatchConfig{Drain: cfg.ShutdownTimeout,
 		MaxAttempts: cfg.MaxDeliveryAttempts, MaxAge: cfg.MaxDeliveryAge}, deliverer, store)
 
-	w.ln, err = net.Listen("tcp", cfg.MetricsListen)
-	if err != nil {
-		w.close()
-		return nil, fmt.Errorf("-metrics-listen: %w", err)
-	}
 	hm := http.NewServeMux()
 	hm.Handle("GET /metrics", promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{Registry: m.Registry}))
 	hm.HandleFunc("GET /version", httpapi.VersionHandler)
 	hm.HandleFunc("GET /healthz", func(rw http.ResponseWriter, _ *http.Request) { rw.WriteHeader(http.StatusOK) })
 	hm.HandleFunc("GET /readyz", httpapi.ReadyHandler(append(readyChecks(db, enq, true, d.secrets), deliveryReport(store, d.secrets))))
-	w.http = &http.Server{Handler: hm, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
-		WriteTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute}
+	gate.open(hm)
+	serve()
 	return w, nil
 }
 
@@ -177,8 +189,6 @@ func (w *Worker) MetricsAddr() string { return w.ln.Addr().String() }
 // asynq hands them back to the queue).
 func (w *Worker) Run(ctx context.Context) error {
 	defer w.close()
-	httpErr := make(chan error, 1)
-	go func() { httpErr <- w.http.Serve(w.ln) }()
 	// The queues are named by the deployment's database: on one not
 	// migrated yet (-migrate=false) the worker waits, /readyz saying why.
 	if err := awaitNamespace(ctx, w.db, w.ns, w.logger); err != nil {
@@ -213,7 +223,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	var err error
 	select {
 	case <-ctx.Done():
-	case err = <-httpErr:
+	case err = <-w.httpErr:
 		err = fmt.Errorf("metrics server: %w", err)
 	}
 	w.logger.Info().Msg("worker stopping")

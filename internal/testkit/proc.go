@@ -386,6 +386,10 @@ func MainServices(m *testing.M, binDirEnv string, race bool) {
 	Main(m, binDirEnv, race, func(b map[string]string) { services = b }, "cmd/api", "cmd/worker")
 }
 
+// Services is the api and the worker MainServices built ("api",
+// "worker"), for a test that starts them itself.
+func Services() map[string]string { return services }
+
 // Main is a test package's TestMain for tests that run the binaries: it
 // builds pkgs (like "cmd/api") into a temporary directory, with the race
 // detector or without (plain: for tests that measure timing or memory),
