@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"unicode/utf8"
 
 	"github.com/stepcollect/stepcollect/internal/bodyadmit"
 	"github.com/stepcollect/stepcollect/internal/mdmplist"
@@ -117,6 +118,9 @@ const (
 // error is a storage.EInvalid *storage.Error whose one-line message names
 // the field at fault.
 func DecodeWebhook(body []byte) (*WebhookEvent, error) {
+	if err := checkUTF8(body); err != nil {
+		return nil, err
+	}
 	var w wireEvent
 	if err := json.Unmarshal(body, &w); err != nil {
 		return nil, invalid(jsonProblem(err))
@@ -142,6 +146,9 @@ func DecodeWebhook(body []byte) (*WebhookEvent, error) {
 // base64 of one plist within mdmplist.DefaultLimits. An error is a
 // storage.EInvalid naming the field, in one line.
 func CheckWebhookPlists(body []byte) error {
+	if err := checkUTF8(body); err != nil {
+		return err
+	}
 	var w wireEvent
 	if err := json.Unmarshal(body, &w); err != nil {
 		return invalid(jsonProblem(err))
@@ -287,6 +294,24 @@ func jsonProblem(err error) string {
 		return fmt.Sprintf("body: not JSON: %s (at byte %d)", syn.Error(), syn.Offset)
 	}
 	return "body: not JSON: " + oneLine(err.Error())
+}
+
+// checkUTF8 refuses a JSON body that is not UTF-8, naming the first byte
+// that is not. encoding/json would take each such byte for U+FFFD, so an
+// id sent that way would be stored, or looked up, as another id than the
+// one the client holds.
+func checkUTF8(body []byte) error {
+	if utf8.Valid(body) {
+		return nil
+	}
+	for i := 0; i < len(body); {
+		r, n := utf8.DecodeRune(body[i:])
+		if r == utf8.RuneError && n == 1 {
+			return invalid(fmt.Sprintf("body: not UTF-8 at byte %d (0x%02x); JSON must be UTF-8", i, body[i]))
+		}
+		i += n
+	}
+	return nil
 }
 
 func invalid(msg string) error { return &storage.Error{Code: storage.EInvalid, Message: msg} }

@@ -97,7 +97,10 @@ func TestDecodeWebhookRawPayloadErrors(t *testing.T) {
 		{ack(`""`), "acknowledge_event.raw_payload: missing"},
 		{ack(`"%%%"`), "acknowledge_event.raw_payload: not standard base64: illegal base64 data at input byte 0"},
 		{ack(`"` + good[:8] + `\u00e9"`), "acknowledge_event.raw_payload: not standard base64: illegal base64 data at input byte 8"},
-		{ack(`"` + good[:8] + "\xff" + `"`), "acknowledge_event.raw_payload: not standard base64: illegal base64 data at input byte 8"},
+		{ack(`"` + good[:8] + "\xff" + `"`), "body: not UTF-8 at byte 103 (0xff); JSON must be UTF-8"},
+		// encoding/json would take the byte for U+FFFD: another enrollment
+		{`{"topic":"mdm.Connect","acknowledge_event":{"udid":"DEV-` + "\xc3" + `","command_uuid":"U-1","raw_payload":"` + good + `"}}`,
+			"body: not UTF-8 at byte 56 (0xc3); JSON must be UTF-8"},
 		{ack(`"` + good[:5] + `"`), "acknowledge_event.raw_payload: not standard base64: illegal base64 data at input byte 4"},
 		{ack(`"ICAg"`), "acknowledge_event.raw_payload: empty"},
 	} {

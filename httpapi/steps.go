@@ -43,6 +43,10 @@ func (s *Server) enqueueStep(w http.ResponseWriter, r *http.Request, body []byte
 		respondError(w, r, err, "decoding the step")
 		return
 	}
+	if err := checkUTF8(body); err != nil {
+		respondError(w, r, err, "decoding the step")
+		return
+	}
 	step, err := decodeStep(bytes.NewReader(body), s.stepLimits)
 	if err != nil {
 		respondError(w, r, err, "decoding the step")

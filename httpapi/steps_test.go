@@ -113,6 +113,11 @@ func TestV1EnqueueRejectsBadStepsNamingTheFieldAndWritesNothing(t *testing.T) {
 			m["commands"] = []map[string]string{{"command_uuid": "U", "request_type": "X"}, {"command_uuid": "U", "request_type": "Y"}}
 		}), 400, `commands[1].command_uuid: "U" repeats commands[0]`},
 		{"bad base64", step(func(m map[string]any) { m["context"] = "!!" }), 400, "context: not standard base64"},
+		// encoding/json takes a byte that is not UTF-8 for U+FFFD: the
+		// step would hold another id than the client's
+		{"an id not UTF-8", `{"workflow_name":"wf","instance_id":"i","ids":["A` + "\xff" + `"],"commands":[{"command_uuid":"U-2","request_type":"X"}]}`,
+			400, "body: not UTF-8 at byte 49 (0xff); JSON must be UTF-8"},
+		{"an id with a control character", step(func(m map[string]any) { m["ids"] = []string{"A\tB"} }), 400, `ids[0]: "A\tB" holds a control character`},
 		{"bad time", step(func(m map[string]any) { m["timeout"] = "tomorrow" }), 400, `timeout: "tomorrow" is not an RFC 3339 time`},
 		// the zero time was taken for "not set": a step sent now, or the default timeout
 		{"year 1 not_until", step(func(m map[string]any) { m["not_until"] = "0001-01-01T00:00:00Z" }), 400, "not_until: 0001-01-01T00:00:00Z is outside what MySQL can store"},

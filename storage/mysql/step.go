@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/go-sql-driver/mysql"
 	nanostorage "github.com/micromdm/nanocmd/engine/storage"
@@ -262,6 +263,9 @@ func validateStep(step *nanostorage.StepEnqueuingWithConfig) error {
 		case strings.TrimSpace(id) != id:
 			// no enrollment id has any, and MariaDB takes "A " for "A"
 			return inv("ids[%d]: %q begins or ends with white space", i, id)
+		case hasControl(id):
+			// no enrollment id has one either: a client's mistake
+			return inv("ids[%d]: %q holds a control character", i, id)
 		case len(id) > maxNameLen:
 			return inv("ids[%d]: longer than %d bytes", i, maxNameLen)
 		case dup:
@@ -276,6 +280,8 @@ func validateStep(step *nanostorage.StepEnqueuingWithConfig) error {
 			return inv("commands[%d].command_uuid: missing", i)
 		case strings.TrimSpace(c.CommandUUID) != c.CommandUUID:
 			return inv("commands[%d].command_uuid: %q begins or ends with white space", i, c.CommandUUID)
+		case hasControl(c.CommandUUID):
+			return inv("commands[%d].command_uuid: %q holds a control character", i, c.CommandUUID)
 		case len(c.CommandUUID) > maxCommandUUIDLen:
 			return inv("commands[%d].command_uuid: longer than %d bytes", i, maxCommandUUIDLen)
 		case dup:
@@ -292,6 +298,13 @@ func validateStep(step *nanostorage.StepEnqueuingWithConfig) error {
 		seenUUID[c.CommandUUID] = i
 	}
 	return nil
+}
+
+// hasControl reports whether s holds a C0 or C1 control character or DEL,
+// which no enrollment id or command UUID holds (they would be shown,
+// logged and compared as something else).
+func hasControl(s string) bool {
+	return strings.ContainsFunc(s, unicode.IsControl)
 }
 
 // The TIMESTAMP columns' range (not_until, timeout), on MySQL 8 and on

@@ -118,6 +118,9 @@ func TestStoreStepRejectsBadInputNamingTheField(t *testing.T) {
 		// MariaDB compares "bad-ID-00000 " equal to "bad-ID-00000"
 		{"id with a trailing space", func(s *nanostorage.StepEnqueuingWithConfig) { s.IDs[1] = s.IDs[0] + " " }, `ids[1]: "bad-ID-00000 " begins or ends with white space`},
 		{"blank uuid", func(s *nanostorage.StepEnqueuingWithConfig) { s.Commands[1].CommandUUID = " " }, `commands[1].command_uuid: " " begins or ends with white space`},
+		{"id with a control character", func(s *nanostorage.StepEnqueuingWithConfig) { s.IDs[2] = "A\x00B" }, `ids[2]: "A\x00B" holds a control character`},
+		{"id with DEL", func(s *nanostorage.StepEnqueuingWithConfig) { s.IDs[0] = "A\x7f" }, `ids[0]: "A\x7f" holds a control character`},
+		{"uuid with a newline", func(s *nanostorage.StepEnqueuingWithConfig) { s.Commands[0].CommandUUID = "U\nV" }, `commands[0].command_uuid: "U\nV" holds a control character`},
 		{"repeated id", func(s *nanostorage.StepEnqueuingWithConfig) { s.IDs[2] = s.IDs[0] }, `ids[2]: "bad-ID-00000" repeats ids[0]`},
 		{"no commands", func(s *nanostorage.StepEnqueuingWithConfig) { s.Commands = nil }, "commands: empty"},
 		{"no uuid", func(s *nanostorage.StepEnqueuingWithConfig) { s.Commands[1].CommandUUID = "" }, "commands[1].command_uuid: missing"},
