@@ -9,7 +9,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -147,10 +146,10 @@ type API struct {
 	errc chan error
 }
 
-// NewAPI binds the listeners, connects to MySQL (waiting for it:
-// waitForMySQL, the listeners answering as a process starting meanwhile,
-// /readyz saying why), migrating it if configured, and serves the real
-// handler. Redis need not be up: results are committed without it.
+// NewAPI binds and serves the listeners (startGate), connects to MySQL
+// (waiting for it: waitForMySQL, /readyz saying why meanwhile), migrating
+// it if configured, and hands the listeners to the real handler. Redis
+// need not be up: results are committed without it.
 func NewAPI(ctx context.Context, cfg APIConfig, logger zerolog.Logger) (_ *API, err error) {
 	a := &API{cfg: cfg, logger: logger, errc: make(chan error, 2)}
 	if a.ln, err = net.Listen("tcp", cfg.Listen); err != nil {
@@ -162,7 +161,7 @@ func NewAPI(ctx context.Context, cfg APIConfig, logger zerolog.Logger) (_ *API, 
 			return nil, fmt.Errorf("-metrics-listen: %w", err)
 		}
 	}
-	gate, metricsGate := newStartGate(), newStartGate()
+	gate, metricsGate := newStartGate(logger), newStartGate(logger)
 	a.http = &http.Server{
 		Handler:           gate,
 		ReadHeaderTimeout: 10 * time.Second,
@@ -170,22 +169,15 @@ func NewAPI(ctx context.Context, cfg APIConfig, logger zerolog.Logger) (_ *API, 
 		WriteTimeout:      requestTimeout,
 		IdleTimeout:       2 * time.Minute,
 	}
+	go func() { a.errc <- a.http.Serve(a.ln) }()
 	if a.metricsLn != nil {
 		a.metricsHTTP = &http.Server{Handler: metricsGate, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
 			WriteTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute}
+		go func() { a.errc <- a.metricsHTTP.Serve(a.metricsLn) }()
 	}
-	// served from the first failed ping on (connections before wait in
-	// the listen backlog), or once everything is ready
-	serve := sync.OnceFunc(func() {
-		go func() { a.errc <- a.http.Serve(a.ln) }()
-		if a.metricsHTTP != nil {
-			go func() { a.errc <- a.metricsHTTP.Serve(a.metricsLn) }()
-		}
-	})
 	d, err := openDeps(ctx, cfg.RedisURL, cfg.MySQLDSN, cfg.MySQLMaxConns, cfg.MySQLTryTimeout, cfg.MySQLMaxActiveResults, cfg.Migrate, true, logger,
-		func(why string) { gate.wait(why); metricsGate.wait(why); serve() })
+		func(why string) { gate.wait(why); metricsGate.wait(why) })
 	if err != nil {
-		serve() // Serve closes its listener even on a server closed first
 		a.http.Close()
 		if a.metricsHTTP != nil {
 			a.metricsHTTP.Close()
@@ -227,7 +219,6 @@ func NewAPI(ctx context.Context, cfg APIConfig, logger zerolog.Logger) (_ *API, 
 		mux.Handle("GET /metrics", promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{Registry: m.Registry}))
 		metricsGate.open(mux)
 	}
-	serve()
 	return a, nil
 }
 

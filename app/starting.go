@@ -10,10 +10,10 @@ package app
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -25,52 +25,52 @@ import (
 	stepmysql "github.com/stepcollect/stepcollect/storage/mysql"
 )
 
-// startGate is a listener's handler from the moment it is served (the
-// first ping that fails): until open is called it answers /healthz 200 (the process runs), /version,
-// /readyz 503 naming what it waits for, and anything else 503 with the
-// same reason (a webhook then is a result not committed, as with MySQL
-// down later); after, everything goes to the real handler.
+// startGate is a listener's handler from the moment it is bound. /healthz
+// and /version are answered at once, whatever MySQL does (a liveness probe
+// must not wait on the database). Any other request waits until the start
+// is decided: either the real handler is there (open), and takes it, as
+// if the listener had only been bound then; or a ping failed (wait), and
+// it gets httpapi.Starting's answer naming why, until open.
 type startGate struct {
-	next    atomic.Pointer[http.Handler]
-	waiting atomic.Pointer[string]
+	next     atomic.Pointer[http.Handler]
+	waiting  atomic.Pointer[string]
+	decided  chan struct{} // closed by the first wait or open
+	decide   func()
+	starting http.Handler
 }
 
-func newStartGate() *startGate {
-	g := &startGate{}
+func newStartGate(logger zerolog.Logger) *startGate {
+	g := &startGate{decided: make(chan struct{})}
+	g.decide = sync.OnceFunc(func() { close(g.decided) })
 	why := "connecting to MySQL"
-	g.waiting.Store(&why) // not served until a ping failed and said why
+	g.waiting.Store(&why)
+	g.starting = httpapi.Starting(logger.With().Str("component", "http").Logger(), func() string { return *g.waiting.Load() })
 	return g
 }
 
 // wait sets what /readyz and the other answers name as the reason.
-func (g *startGate) wait(why string) { g.waiting.Store(&why) }
+func (g *startGate) wait(why string) { g.waiting.Store(&why); g.decide() }
 
 // open hands every request from now on to h.
-func (g *startGate) open(h http.Handler) { g.next.Store(&h) }
+func (g *startGate) open(h http.Handler) { g.next.Store(&h); g.decide() }
 
 func (g *startGate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if h := g.next.Load(); h != nil {
 		(*h).ServeHTTP(w, r)
 		return
 	}
-	why := "starting: " + *g.waiting.Load()
-	switch r.URL.Path {
-	case "/healthz":
-		w.WriteHeader(http.StatusOK)
-		return
-	case "/version":
-		httpapi.VersionHandler(w, r)
-		return
-	case "/readyz":
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		w.WriteHeader(http.StatusServiceUnavailable)
-		w.Write([]byte("mysql: " + why + "\n"))
-		return
+	if r.URL.Path != "/healthz" && r.URL.Path != "/version" {
+		select {
+		case <-g.decided:
+		case <-r.Context().Done():
+			return
+		}
+		if h := g.next.Load(); h != nil {
+			(*h).ServeHTTP(w, r)
+			return
+		}
 	}
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Retry-After", "5")
-	w.WriteHeader(http.StatusServiceUnavailable)
-	json.NewEncoder(w).Encode(map[string]string{"error": why + "; nothing was written"})
+	g.starting.ServeHTTP(w, r)
 }
 
 // Bounds of the wait between two pings at start: the first retry comes
@@ -100,12 +100,16 @@ func waitForMySQL(ctx context.Context, db *sql.DB, dsn string, migrate bool, log
 		err := pingOnce(ctx, db, dsn, migrate, logger)
 		if err == nil {
 			if tries > 1 {
-				logger.Info().Int("tries", tries).Dur("waited", time.Since(began)).Msg("MySQL answers: starting")
+				logger.Info().Int("tries", tries).Str("waited", time.Since(began).Round(time.Millisecond).String()).Msg("MySQL answers: starting")
 			}
 			return nil
 		}
 		if notMendedByWaiting(err) {
 			return err
+		}
+		if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+			// a server that took the connection and said nothing
+			err = fmt.Errorf("no answer within %v", pingTimeout)
 		}
 		why := "MySQL does not answer yet (" + config.RedactError(err, dsn).Error() + ")"
 		var me *mysql.MySQLError
@@ -117,7 +121,7 @@ func waitForMySQL(ctx context.Context, db *sql.DB, dsn string, migrate bool, log
 			return fmt.Errorf("stopped while waiting: %s: %w", why, ctx.Err())
 		}
 		if logged.IsZero() || time.Since(logged) >= waitLogEvery {
-			logger.Warn().Err(config.RedactError(err, dsn)).Int("tries", tries).Dur("waited", time.Since(began)).
+			logger.Warn().Err(config.RedactError(err, dsn)).Int("tries", tries).Str("waited", time.Since(began).Round(time.Millisecond).String()).
 				Msg("waiting for MySQL before starting; /healthz answers 200 and /readyz 503 meanwhile")
 			logged = time.Now()
 		}

@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/http"
 	"runtime"
-	"sync"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -125,26 +124,22 @@ type Worker struct {
 	httpErr    chan error // what http's Serve returned
 }
 
-// NewWorker binds the metrics listener, connects to MySQL (waiting for
-// it: waitForMySQL, the listener answering as a process starting
-// meanwhile, /readyz saying why), migrating it if configured, prepares the
-// asynq server and serves the listener. Redis need not be up yet.
+// NewWorker binds and serves the metrics listener (startGate), connects
+// to MySQL (waiting for it: waitForMySQL, /readyz saying why meanwhile),
+// migrating it if configured, and prepares the asynq server. Redis need
+// not be up yet.
 func NewWorker(ctx context.Context, cfg WorkerConfig, logger zerolog.Logger) (*Worker, error) {
 	ln, err := net.Listen("tcp", cfg.MetricsListen)
 	if err != nil {
 		return nil, fmt.Errorf("-metrics-listen: %w", err)
 	}
-	gate := newStartGate()
+	gate := newStartGate(logger)
 	w := &Worker{cfg: cfg, logger: logger, ln: ln, httpErr: make(chan error, 1),
 		http: &http.Server{Handler: gate, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
 			WriteTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute}}
-	// served from the first failed ping on (connections before wait in
-	// the listen backlog), or once everything is ready
-	serve := sync.OnceFunc(func() { go func() { w.httpErr <- w.http.Serve(ln) }() })
-	d, err := openDeps(ctx, cfg.RedisURL, cfg.MySQLDSN, cfg.MySQLMaxConns, cfg.MySQLTryTimeout, 0, cfg.Migrate, false, logger,
-		func(why string) { gate.wait(why); serve() })
+	go func() { w.httpErr <- w.http.Serve(ln) }()
+	d, err := openDeps(ctx, cfg.RedisURL, cfg.MySQLDSN, cfg.MySQLMaxConns, cfg.MySQLTryTimeout, 0, cfg.Migrate, false, logger, gate.wait)
 	if err != nil {
-		serve() // Serve closes its listener even on a server closed first
 		w.http.Close()
 		return nil, err
 	}
@@ -177,7 +172,6 @@ func NewWorker(ctx context.Context, cfg WorkerConfig, logger zerolog.Logger) (*W
 	hm.HandleFunc("GET /healthz", func(rw http.ResponseWriter, _ *http.Request) { rw.WriteHeader(http.StatusOK) })
 	hm.HandleFunc("GET /readyz", httpapi.ReadyHandler(append(readyChecks(db, enq, true, d.secrets), deliveryReport(store, d.secrets))))
 	gate.open(hm)
-	serve()
 	return w, nil
 }
 

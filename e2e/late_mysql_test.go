@@ -1,9 +1,13 @@
 package e2e
 
 import (
+	"bytes"
+	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -60,10 +64,23 @@ func TestServicesStartedBeforeMySQLWaitForItThenMigrateAndWork(t *testing.T) {
 			t.Fatalf("%s /readyz while MySQL is down: %d %q, want 503 naming MySQL\n%s", addr, code, body, proc.Logs())
 		}
 	}
-	code, raw, err := testkit.NewClient("http://"+apiAddr, apiKey).Webhook(testkit.Acknowledged("D-1", "U-1"))
-	if err != nil || code != http.StatusServiceUnavailable || !strings.Contains(string(raw), "nothing was written") ||
-		!strings.HasPrefix(string(raw), "{") {
-		t.Errorf("a webhook while the api waits for MySQL: %d %s %v, want a JSON 503 saying nothing was written", code, raw, err)
+	resp, err := http.Post("http://"+apiAddr+"/webhook", "application/json", bytes.NewReader(testkit.Acknowledged("D-1", "U-1")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var refusal struct {
+		Error     string `json:"error"`
+		RequestID string `json:"request_id"`
+	}
+	err = json.NewDecoder(resp.Body).Decode(&refusal)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(refusal.Error, "nothing was written") ||
+		refusal.RequestID == "" || resp.Header.Get("X-Request-Id") != refusal.RequestID {
+		t.Errorf("a webhook while the api waits for MySQL: %d %+v (X-Request-Id %q) %v, want a JSON 503 saying nothing was written, with its request id",
+			resp.StatusCode, refusal, resp.Header.Get("X-Request-Id"), err)
+	}
+	if !strings.Contains(api.Logs(), `"status":503`) {
+		t.Errorf("the refused webhook has no access log line:\n%s", api.Logs())
 	}
 
 	p.Restore()
@@ -83,6 +100,60 @@ func TestServicesStartedBeforeMySQLWaitForItThenMigrateAndWork(t *testing.T) {
 	for addr, proc := range procs {
 		if !strings.Contains(proc.Logs(), "waiting for MySQL before starting") || !strings.Contains(proc.Logs(), "MySQL answers: starting") {
 			t.Errorf("%s's log does not say it waited for MySQL and then started:\n%s", addr, proc.Logs())
+		}
+	}
+}
+
+// A server that takes the connection and says nothing (a host half up, a
+// balancer with no backend) holds the first ping for its 5 s: /healthz and
+// /version answer at once all the same (a liveness probe must not wait on
+// the database), and /readyz names the silence once the ping gives up.
+// Before, /healthz waited out the ping (4.5 s measured from outside).
+func TestHealthzAnswersAtOnceWhileTheFirstPingHangs(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var held []net.Conn
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range held {
+			c.Close()
+		}
+	})
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			held = append(held, c)
+			mu.Unlock()
+		}
+	}()
+	rs := testkit.StartRedis(t)
+	bins := testkit.Services()
+	for name, flag := range map[string]string{"api": "-listen", "worker": "-metrics-listen"} {
+		addr := testkit.FreeAddr(t)
+		p := testkit.StartProc(t, bins[name], testkit.ServiceEnv("root@tcp("+ln.Addr().String()+")/silent?parseTime=true", rs.URL), flag, addr)
+		testkit.WaitUntil(t, 15*time.Second, name+" accepting connections", func() (bool, any) {
+			err := testkit.Dial(addr)
+			return err == nil, err
+		})
+		for _, path := range []string{"/healthz", "/version"} {
+			began := time.Now()
+			code, body := get("http://" + addr + path)
+			if d := time.Since(began); code != http.StatusOK || d > 2*time.Second {
+				t.Errorf("%s %s while the first ping hangs: %d %q after %v, want 200 at once", name, path, code, body, d)
+			}
+		}
+		code, body := get("http://" + addr + "/readyz")
+		if code != http.StatusServiceUnavailable || !strings.Contains(body, "mysql: starting: MySQL does not answer yet (no answer within 5s)") {
+			t.Errorf("%s /readyz once the first ping gave up: %d %q, want 503 naming the silence\n%s", name, code, body, p.Logs())
 		}
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/rs/zerolog"
+
 	"github.com/stepcollect/stepcollect/internal/config"
 )
 
@@ -67,4 +69,28 @@ func ReadyHandler(checks []Check) http.HandlerFunc {
 		}
 		w.Write([]byte(b.String()))
 	}
+}
+
+// Starting is what a service's listener answers while the process waits
+// for MySQL at start (why says what it waits for): /healthz 200 (the
+// process runs), /version, /readyz 503 "mysql: starting: <why>", and any
+// other request a JSON 503 saying nothing was written, each with its
+// request id and access log line as once started (a webhook refused so is
+// a lost result, logged at warn).
+func Starting(logger zerolog.Logger, why func() string) http.Handler {
+	return withRequest(logger, 1<<20, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/healthz":
+			w.WriteHeader(http.StatusOK)
+		case "/version":
+			VersionHandler(w, r)
+		case "/readyz":
+			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			w.Write([]byte("mysql: starting: " + oneLine(why()) + "\n"))
+		default:
+			w.Header().Set("Retry-After", "5")
+			writeError(w, r, http.StatusServiceUnavailable, "starting: "+oneLine(why())+"; nothing was written")
+		}
+	}))
 }
