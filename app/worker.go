@@ -269,7 +269,7 @@ func asynqConfig(cfg WorkerConfig, queues map[string]int, logger zerolog.Logger)
 		// default is 5 s): a collect task failed by a MySQL outage runs
 		// again within its retry delay plus this once MySQL answers
 		DelayedTaskCheckInterval: time.Second,
-		Logger:                   logging.Asynq{L: logger},
+		Logger:                   logging.NewAsynq(logger),
 		LogLevel:                 asynqLevel(logger.GetLevel()),
 		ErrorHandler: asynq.ErrorHandlerFunc(func(ctx context.Context, t *asynq.Task, err error) {
 			logger.Debug().Err(err).Str("task", t.Type()).Msg("task failed; asynq retries it")
