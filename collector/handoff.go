@@ -57,6 +57,10 @@ type Handoff struct {
 	order   []int64             // arrival order, for dropping the oldest
 	kick    chan struct{}
 	done    chan struct{}
+	// failures counts the failed flushes since the last that went, and
+	// warnedAt is when one was last logged at warn (Run's goroutine only)
+	failures int
+	warnedAt time.Time
 }
 
 var _ storage.ReleaseSink = (*Handoff)(nil)
@@ -189,18 +193,40 @@ func (h *Handoff) flush(ctx context.Context) bool {
 	h.order = h.order[:0]
 	h.mu.Unlock()
 
+	handed := len(batch)
 	for len(batch) > 0 {
 		n := min(len(batch), h.cfg.MaxPerTask)
 		if err := h.enq.EnqueueCollect(ctx, batch[:n]); err != nil {
 			if ctx.Err() == nil { // a stop is not a failure: the final flush follows
-				h.logger.Warn().Err(err).Int(logkeys.Count, len(batch)).Msg("handing released steps to the queue; keeping them to try again")
+				h.failed(err, len(batch))
 			}
 			h.putBack(batch)
 			return false
 		}
 		batch = batch[n:]
 	}
+	if h.failures > 0 && handed > 0 {
+		h.logger.Info().Int(logkeys.Count, handed).Int("failed_tries", h.failures).Msg("released steps handed to the queue again")
+		h.failures = 0
+	}
 	return true
+}
+
+// stillFailingEvery is how often a run of failed hand-offs (Redis down,
+// retried every RetryEvery) is logged again at warn after its first.
+const stillFailingEvery = 30 * time.Second
+
+// failed logs a failed hand-off: the first of a run at warn, then one line
+// at warn every stillFailingEvery with how many tries failed, the rest at
+// debug, so that an outage is not a line a second.
+func (h *Handoff) failed(err error, kept int) {
+	h.failures++
+	now := time.Now()
+	ev := h.logger.Debug()
+	if h.failures == 1 || now.Sub(h.warnedAt) >= stillFailingEvery {
+		ev, h.warnedAt = h.logger.Warn(), now
+	}
+	ev.Err(err).Int(logkeys.Count, kept).Int("failed_tries", h.failures).Msg("handing released steps to the queue; keeping them to try again")
 }
 
 // putBack returns steps that could not be enqueued to the front of the

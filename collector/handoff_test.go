@@ -1,8 +1,11 @@
 package collector_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -248,4 +251,53 @@ func TestEnqueuerDoesNotCountACancelledCallerAsARedisFailure(t *testing.T) {
 	if len(failures) != 0 {
 		t.Errorf("failures counted: %v", failures)
 	}
+}
+
+// A queue down for many retries is logged once at warn (then at most every
+// 30 s), not once a retry, and its return once at info with the count of
+// failed tries.
+func TestHandoffLogsAnOutageOnceNotEachRetry(t *testing.T) {
+	t.Parallel()
+	var buf logBuffer
+	q := &fakeQueue{down: true}
+	h := collector.NewHandoff(collector.HandoffConfig{Window: time.Millisecond, RetryEvery: 5 * time.Millisecond}, q,
+		zerolog.New(&buf).Level(zerolog.InfoLevel))
+	ctx, cancel := context.WithCancel(context.Background())
+	go h.Run(ctx)
+	t.Cleanup(func() { cancel(); <-h.Done() })
+	h.StepsReleased(context.Background(), []storage.ReleasedStep{{ID: 1}})
+	testkit.WaitUntil(t, 10*time.Second, "20 failed hand-offs (so far)", func() (bool, any) { _, f := q.snapshot(); return f >= 20, f })
+	q.setDown(false)
+	testkit.WaitUntil(t, 10*time.Second, "the step handed over once the queue is back (tasks)", func() (bool, any) {
+		c, _ := q.snapshot()
+		return len(c) == 1, len(c)
+	})
+	testkit.WaitUntil(t, 10*time.Second, "the return logged", func() (bool, any) {
+		return strings.Contains(buf.String(), "released steps handed to the queue again"), buf.String()
+	})
+	_, fails := q.snapshot()
+	if w := strings.Count(buf.String(), `"level":"warn"`); w != 1 {
+		t.Errorf("%d failed hand-offs logged %d warn lines, want 1:\n%s", fails, w, buf.String())
+	}
+	if !strings.Contains(buf.String(), fmt.Sprintf(`"failed_tries":%d`, fails)) {
+		t.Errorf("the return does not count the %d failed tries:\n%s", fails, buf.String())
+	}
+}
+
+// logBuffer is a bytes.Buffer safe for a logger and a reader at once.
+type logBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
