@@ -1,7 +1,6 @@
 package collector_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -258,7 +257,7 @@ func TestEnqueuerDoesNotCountACancelledCallerAsARedisFailure(t *testing.T) {
 // failed tries.
 func TestHandoffLogsAnOutageOnceNotEachRetry(t *testing.T) {
 	t.Parallel()
-	var buf logBuffer
+	var buf testkit.LogBuffer
 	q := &fakeQueue{down: true}
 	h := collector.NewHandoff(collector.HandoffConfig{Window: time.Millisecond, RetryEvery: 5 * time.Millisecond}, q,
 		zerolog.New(&buf).Level(zerolog.InfoLevel))
@@ -282,22 +281,4 @@ func TestHandoffLogsAnOutageOnceNotEachRetry(t *testing.T) {
 	if !strings.Contains(buf.String(), fmt.Sprintf(`"failed_tries":%d`, fails)) {
 		t.Errorf("the return does not count the %d failed tries:\n%s", fails, buf.String())
 	}
-}
-
-// logBuffer is a bytes.Buffer safe for a logger and a reader at once.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

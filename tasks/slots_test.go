@@ -1,44 +1,25 @@
 package tasks_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/rs/zerolog"
 
+	"github.com/stepcollect/stepcollect/internal/testkit"
 	"github.com/stepcollect/stepcollect/tasks"
 )
-
-// syncBuffer is a bytes.Buffer safe for a logger and a reader at once.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // With Redis down for whole slots, each slot's enqueue is retried every
 // retryEvery but logged at warn twice at most (its first failure, and that
 // the slot went by), not once a try: a sweeper and a scheduler logged a
 // line a second each through an outage.
 func TestRunSlotsLogsAnOutageTwiceASlotNotEachTry(t *testing.T) {
-	var buf syncBuffer
+	var buf testkit.LogBuffer
 	logger := zerolog.New(&buf).Level(zerolog.DebugLevel)
 	var tries atomic.Int64
 	ctx, cancel := context.WithTimeout(context.Background(), 2200*time.Millisecond)
@@ -59,7 +40,7 @@ func TestRunSlotsLogsAnOutageTwiceASlotNotEachTry(t *testing.T) {
 
 // A retry that gets the slot's task in says so once, at info.
 func TestRunSlotsSaysWhenARetryGotTheSlotIn(t *testing.T) {
-	var buf syncBuffer
+	var buf testkit.LogBuffer
 	logger := zerolog.New(&buf).Level(zerolog.InfoLevel)
 	var tries atomic.Int64
 	ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
