@@ -143,14 +143,16 @@ func TestALapsedLeaseBehindTheLastClaimIsClaimedAgain(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	first, err := b.store.ClaimDueEvents(ctx, 1, 200*time.Millisecond)
+	// a lease long enough that a loaded CI cannot let it lapse before the
+	// second claim, which must see it held
+	first, err := b.store.ClaimDueEvents(ctx, 1, 1500*time.Millisecond)
 	if err != nil || len(first) != 1 || first[0].EventID != "a" {
 		t.Fatalf("first claim %v, %v; want [a]", first, err)
 	}
 	if got := claimIDs(t, b.store, 2); !slices.Equal(got, []string{"b", "c"}) {
 		t.Fatalf("second claim %v, want [b c]", got)
 	}
-	time.Sleep(300 * time.Millisecond) // a's lease lapses
+	time.Sleep(2 * time.Second) // a's lease lapses
 	var got []*storage.OutboxEvent
 	for range 2 { // the first may still read after c; the one after a short claim reads from the start
 		if got, err = b.store.ClaimDueEvents(ctx, 2, time.Minute); err != nil {
