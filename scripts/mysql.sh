@@ -150,7 +150,7 @@ say "nothing answers on $host:$port; bringing up MySQL in $root"
 if command -v debootstrap >/dev/null 2>&1; then
   say "debootstrap: present"
 else
-  step "install debootstrap" bash -c 'apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends debootstrap'
+  step "install debootstrap" bash -c 'apt-get -o DPkg::Lock::Timeout=300 update -qq && DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends debootstrap'
 fi
 
 if [ -x "$root/bin/sh" ]; then

@@ -43,8 +43,8 @@ install_if_missing() { # binary package
     return 1
   fi
   say "installing $2"
-  apt-get update -qq >/dev/null
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$2" >/dev/null
+  apt-get -o DPkg::Lock::Timeout=300 update -qq >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -qq "$2" >/dev/null
 }
 
 if answers "$mysql_host" "$mysql_port"; then
