@@ -82,19 +82,35 @@ func (s *Sweeper) ProcessTask(ctx context.Context, t *asynq.Task) error {
 		return err
 	}
 	start := time.Now()
-	res, err := s.Sweep(ctx)
-	s.metrics.SweepDurationSeconds.Observe(time.Since(start).Seconds())
+	res, err := s.SweepCounted(ctx, metrics.SweepPeriodic)
 	ev := s.logger.Info()
 	if err != nil {
-		s.metrics.Sweeps.WithLabelValues("error").Inc()
 		ev = s.logger.Warn().Err(err)
-	} else {
-		s.metrics.Sweeps.WithLabelValues("ok").Inc()
 	}
 	ev.Time("slot", p.Slot).Int("examined", res.Examined).Int("unreferenced", res.Unreferenced).
 		Int("collected", res.Collected).Int64("orphaned_step_commands", res.OrphanedStepCommands).
 		Dur("took_ms", time.Since(start)).Msg("sweep")
 	return err
+}
+
+// SweepCounted is Sweep, counted in stepcollect_sweeps_total under
+// trigger (metrics.SweepPeriodic, SweepStart, …) and timed in
+// stepcollect_sweep_duration_seconds, so that every sweep a replica runs
+// shows, not only its slots'. A sweep cut short by ctx (shutdown) is not
+// counted.
+func (s *Sweeper) SweepCounted(ctx context.Context, trigger string) (SweepResult, error) {
+	start := time.Now()
+	res, err := s.Sweep(ctx)
+	if ctx.Err() != nil {
+		return res, err
+	}
+	s.metrics.SweepDurationSeconds.Observe(time.Since(start).Seconds())
+	outcome := "ok"
+	if err != nil {
+		outcome = "error"
+	}
+	s.metrics.Sweeps.WithLabelValues(outcome, trigger).Inc()
+	return res, err
 }
 
 // Sweep pages through the steps table once, collecting every unreferenced
@@ -174,7 +190,7 @@ func (s *Sweeper) SweepAtStart(ctx context.Context) {
 	if s.cfg.Interval <= 0 {
 		return
 	}
-	res, err := s.Sweep(ctx)
+	res, err := s.SweepCounted(ctx, metrics.SweepStart)
 	if err != nil && ctx.Err() == nil {
 		s.logger.Warn().Err(err).Msg("sweep at start failed; the next sweep slot tries again")
 		return
@@ -194,7 +210,7 @@ func (s *Sweeper) SweepOnQueueLoss(ctx context.Context, r asynq.RedisConnOpt, ma
 		return
 	}
 	sweep := func(reason string) {
-		res, err := s.Sweep(ctx)
+		res, err := s.SweepCounted(ctx, metrics.SweepQueueLoss)
 		if err != nil && ctx.Err() == nil {
 			s.logger.Warn().Err(err).Str(logkeys.Reason, reason).Msg("sweep after a possible queue loss failed; the next sweep slot tries again")
 			return
@@ -225,7 +241,7 @@ func (s *Sweeper) SweepOnServerChange(ctx context.Context, db ServerIdentifier) 
 		return
 	}
 	WatchServer(ctx, db, time.Second, s.logger, func(from, to string) {
-		res, err := s.Sweep(ctx)
+		res, err := s.SweepCounted(ctx, metrics.SweepServerChange)
 		l := s.logger.With().Str("from", from).Str("to", to).Logger()
 		if err != nil && ctx.Err() == nil {
 			l.Warn().Err(err).Msg("sweep after the database server changed failed; the next sweep slot tries again")

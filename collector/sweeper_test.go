@@ -7,6 +7,8 @@ import (
 
 	"github.com/hibiken/asynq"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/redis/go-redis/v9"
 	"github.com/rs/zerolog"
 
@@ -33,9 +35,21 @@ func TestSweepAtStartCollectsWhatALostHandOffLeft(t *testing.T) {
 	if s, _, _ := b.exists(t, lost); s != 1 {
 		t.Fatal("swept at start with sweeps off")
 	}
-	newSweeper(t, b, time.Hour).SweepAtStart(t.Context())
+	m := metrics.NewSweeper(prometheus.NewRegistry())
+	collector.NewSweeper(collector.SweeperConfig{Interval: time.Hour}, b.store, nil, m,
+		zerolog.New(zerolog.NewTestWriter(t))).SweepAtStart(t.Context())
 	if s, _, raw := b.exists(t, lost); s != 0 || raw != 0 {
 		t.Errorf("after the sweep at start: step %d, raw commands %d; want both gone", s, raw)
+	}
+	if n := testutil.ToFloat64(m.Sweeps.WithLabelValues("ok", metrics.SweepStart)); n != 1 {
+		t.Errorf("sweeps_total{outcome=ok,trigger=start} %v, want the sweep at start counted", n)
+	}
+	var d dto.Metric
+	if err := m.SweepDurationSeconds.Write(&d); err != nil {
+		t.Fatal(err)
+	}
+	if n := d.GetHistogram().GetSampleCount(); n != 1 {
+		t.Errorf("sweep_duration_seconds counted %d sweeps, want the sweep at start timed", n)
 	}
 }
 

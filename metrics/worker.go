@@ -2,6 +2,14 @@ package metrics
 
 import "github.com/prometheus/client_golang/prometheus"
 
+// The trigger label values of stepcollect_sweeps_total.
+const (
+	SweepPeriodic     = "periodic"      // the sweep interval's
+	SweepStart        = "start"         // a worker starting
+	SweepQueueLoss    = "queue_loss"    // the queue's Redis back after failing, or back empty
+	SweepServerChange = "server_change" // a database server not seen before answering
+)
+
 // Sweeper holds the sweeper's metrics.
 type Sweeper struct {
 	Sweeps               *prometheus.CounterVec
@@ -15,8 +23,8 @@ func NewSweeper(reg prometheus.Registerer) *Sweeper {
 		Sweeps: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: Namespace,
 			Name:      "sweeps_total",
-			Help:      "Sweeps run by this replica, by outcome (ok, error). Across replicas, one per interval.",
-		}, []string{"outcome"}),
+			Help:      "Sweeps run by this replica, by outcome (ok, error) and trigger (periodic; start, queue_loss, server_change: the in-process sweeps after those events). The worker's periodic sweeps are one per interval across replicas.",
+		}, []string{"outcome", "trigger"}),
 		OrphanedStepCommands: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: Namespace,
 			Name:      "orphaned_step_commands_deleted_total",
@@ -29,8 +37,11 @@ func NewSweeper(reg prometheus.Registerer) *Sweeper {
 			Buckets:   prometheus.ExponentialBuckets(0.005, 3, 10),
 		}),
 	}
-	m.Sweeps.WithLabelValues("ok")
-	m.Sweeps.WithLabelValues("error")
+	for _, outcome := range []string{"ok", "error"} {
+		for _, trigger := range []string{SweepPeriodic, SweepStart, SweepQueueLoss, SweepServerChange} {
+			m.Sweeps.WithLabelValues(outcome, trigger)
+		}
+	}
 	reg.MustRegister(m.Sweeps, m.OrphanedStepCommands, m.SweepDurationSeconds)
 	return m
 }

@@ -235,7 +235,7 @@ func (s *Server) Run(ctx context.Context) error {
 // between the commit and the collection, a claim that was skipped). Safe on
 // any number of replicas: claims are SKIP LOCKED.
 func (s *Server) sweep(ctx context.Context) {
-	res, err := s.storage.sweeper.Sweep(ctx)
+	res, err := s.storage.sweeper.SweepCounted(ctx, metrics.SweepPeriodic)
 	ev := s.zl.Debug()
 	if err != nil && ctx.Err() == nil {
 		ev = s.zl.Warn().Err(err)

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/stepcollect/stepcollect/internal/testkit"
+	"github.com/stepcollect/stepcollect/internal/testkit/scrape"
 )
 
 // With a short -step-timeout and -repush-interval, NanoCMD's engine worker
@@ -42,15 +43,24 @@ func TestAnUnansweredStepIsRePushedThenTimesOut(t *testing.T) {
 
 // A step left uncollected (as after a crash between a completion's commit
 // and its collection: a steps row nothing references) is collected by the
-// periodic sweep, -sweep-interval seconds apart.
+// periodic sweep, -sweep-interval seconds apart, and the sweeps show in
+// stepcollect_sweeps_total (they once did not: the counter stayed at 0).
 func TestTheSweepCollectsAStepLeftBehind(t *testing.T) {
 	db := testkit.NewDB(t, &testkit.DBOptions{Empty: true})
-	startMySQL(t, db, "-sweep-interval", "1")
+	s := startMySQL(t, db, "-sweep-interval", "1")
 	if _, err := db.DB.ExecContext(t.Context(), `INSERT INTO steps (workflow_name, instance_id) VALUES ('io.micromdm.wf.inventory.v1', 'left-behind')`); err != nil {
 		t.Fatal(err)
 	}
 	testkit.WaitUntil(t, 15*time.Second, "the step left behind collected", func() (bool, any) {
 		n := testkit.Count(t, db.DB, `SELECT COUNT(*) FROM steps`)
 		return n == 0, n
+	})
+	testkit.WaitUntil(t, 15*time.Second, "a periodic sweep counted (sweeps_total, or the scrape's error)", func() (bool, any) {
+		fams, err := scrape.Families(s.base + "/metrics")
+		if err != nil {
+			return false, err
+		}
+		n := scrape.Value(fams, "stepcollect_sweeps_total", "outcome", "ok", "trigger", "periodic")
+		return n >= 1, n
 	})
 }
