@@ -213,7 +213,7 @@ func TestTwoReplicasDeleteEachStepOnceAndSweepOncePerInterval(t *testing.T) {
 				t.Fatal(err)
 			}
 			collected += scrape.Value(fams, "stepcollect_steps_collected_total")
-			sweeps += scrape.Value(fams, "stepcollect_sweeps_total")
+			sweeps += scrape.Value(fams, "stepcollect_sweeps_total", "trigger", "periodic")
 		}
 	}
 	// let three more slots pass with both replicas up: three more sweeps

@@ -132,7 +132,7 @@ func TestWorkerStopsCleanlyOnSIGTERM(t *testing.T) {
 		if err != nil {
 			return false, err
 		}
-		n := scrape.Value(fams, "stepcollect_sweeps_total")
+		n := scrape.Value(fams, "stepcollect_sweeps_total", "trigger", "periodic")
 		return n >= 1, n
 	})
 	start := time.Now()
