@@ -29,6 +29,22 @@ const (
 	kickLimit = 10000
 )
 
+// After brakeAfter POSTs failed in a row, with none taken since, the
+// receiver is taken to be down and the worker probes it rather than
+// trying every due event: its loops claim one event at a time, one every
+// probeEvery across the worker, until a POST succeeds; that success ends
+// the run (and, through kickAfter, every backoff). Without it, a receiver
+// down while thousands of events are pending was sent each of them every
+// 5 to 10 s (the backoff cap), and every failure was an UPDATE on the
+// database the webhooks commit to. The threshold is a few batches, so a
+// burst of events the receiver refuses among many it takes does not
+// brake; the probes are frequent, so a receiver back is found within a
+// quarter of a second.
+const (
+	brakeAfter = 192
+	probeEvery = 250 * time.Millisecond
+)
+
 // backoffEnder is a DispatchStore that can end every backoff at once
 // (storage/mysql's EndBackoffs).
 type backoffEnder interface {
@@ -124,6 +140,9 @@ type Dispatcher struct {
 	// lastKick is when the backoffs were last ended (unix nanoseconds)
 	failStreak atomic.Int64
 	lastKick   atomic.Int64
+	// nextProbe is when the next probe may start while the receiver is
+	// taken to be down (unix nanoseconds): one loop at a time wins it
+	nextProbe atomic.Int64
 
 	// mine is every event this worker's loops are delivering, until
 	// acknowledged or failed. A claim that returns one of them (its lease
@@ -253,10 +272,19 @@ func (p *Dispatcher) Run(ctx context.Context) {
 func (p *Dispatcher) loop(ctx, work context.Context, i int) {
 	failing := false
 	for ctx.Err() == nil {
+		want := p.cfg.Batch
+		if p.braked() {
+			// the receiver is down: one event, when this loop wins the
+			// worker's next probe
+			if !p.awaitProbe(ctx) {
+				continue
+			}
+			want = 1
+		}
 		// a whole batch's places, or what is free after a poll interval:
 		// claims stay large while POSTs end by the millisecond, and a
 		// POST that hangs costs the others no more than the interval
-		n := p.places.take(ctx, p.cfg.Batch, p.cfg.PollInterval)
+		n := p.places.take(ctx, want, p.cfg.PollInterval)
 		if n == 0 {
 			return // ctx ended
 		}
@@ -314,6 +342,26 @@ func (p *Dispatcher) loop(ctx, work context.Context, i int) {
 			}
 		}
 	}
+}
+
+// braked says whether the receiver is taken to be down: brakeAfter POSTs
+// failed in a row.
+func (p *Dispatcher) braked() bool { return p.failStreak.Load() >= brakeAfter }
+
+// awaitProbe waits for the worker's next probe time and says whether this
+// loop won it (false: another did, or ctx ended; look again).
+func (p *Dispatcher) awaitProbe(ctx context.Context) bool {
+	next := p.nextProbe.Load()
+	if wait := time.Until(time.Unix(0, next)); wait > 0 {
+		t := time.NewTimer(wait)
+		defer t.Stop()
+		select {
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+		}
+	}
+	return p.nextProbe.CompareAndSwap(next, time.Now().Add(probeEvery).UnixNano())
 }
 
 // claimStarts records that loop i's claim is starting: what this worker
@@ -385,13 +433,17 @@ func (p *Dispatcher) start(ctx context.Context, ev *storage.OutboxEvent, ended f
 		p.d.metrics.Deliveries.WithLabelValues(ev.Type, outcome).Inc()
 		if err == nil {
 			p.delivered <- ev.OutboxRef // keeps its lease until acknowledged
-			if p.failStreak.Swap(0) >= kickAfter {
+			if streak := p.failStreak.Swap(0); streak >= kickAfter {
+				if streak >= brakeAfter {
+					p.d.logger.Info().Int64("failed_in_a_row", streak).Msg("the receiver takes events again; delivering at full rate")
+				}
 				p.kick(ctx)
 			}
 			return
 		}
-		if ctx.Err() == nil {
-			p.failStreak.Add(1)
+		if ctx.Err() == nil && p.failStreak.Add(1) == brakeAfter {
+			p.d.logger.Warn().Err(err).Int("failed_in_a_row", brakeAfter).Stringer("probe_every", probeEvery).
+				Msg("the receiver failed every recent delivery; trying one event at a time until it takes one")
 		}
 		p.release(false, ev.OutboxRef)
 		if ctx.Err() != nil {

@@ -434,10 +434,13 @@ func TestFailedDeliveriesLogAFewLinesASecondNotOneEach(t *testing.T) {
 		delivery.NewDispatcher(delivery.DispatchConfig{MaxBackoff: 100 * time.Millisecond}, d, store).Run(ctx)
 		close(done)
 	}()
-	testkit.WaitUntil(t, 15*time.Second, "1000 failed tries (refused so far)", func() (bool, any) {
+	// every event tried once, at once (Loops x Batch places): without the
+	// sampler that burst alone was a line each
+	testkit.WaitUntil(t, 15*time.Second, "200 failed tries (refused so far)", func() (bool, any) {
 		n := rcv.Stats().Refused
-		return n >= 1000, n
+		return n >= 200, n
 	})
+	time.Sleep(time.Second) // and the tries after it
 	cancel()
 	<-done
 	secs := time.Since(start).Seconds()
@@ -470,5 +473,56 @@ func TestAReceiverThatAnswersAgainGetsTheFailedEventsAtOnce(t *testing.T) {
 		t.Errorf("delivered %v after the receiver came back, want at once (the backoffs were 4 to 8 s)", took.Round(time.Millisecond))
 	}
 	awaitOutboxEmpty(t, db)
+	rcv.Check(t)
+}
+
+// A receiver that fails every POST is probed, not sent every due event:
+// after a run of failures the worker tries one event at a time, a few a
+// second, instead of each of a thousand pending events every second or so
+// (its backoff cap), each failure an UPDATE on the database. The first
+// probe it takes ends the run, and every event is delivered within seconds.
+func TestADownReceiverIsProbedNotSentEveryPendingEvent(t *testing.T) {
+	t.Parallel()
+	db, store := testkit.NewStorage(t, stepmysql.WithOutbox())
+	rcv := testkit.NewReceiver(t, testkit.ReceiverOptions{CompletionsOnly: true})
+	rcv.Refuse(http.StatusServiceUnavailable)
+	completions(t, store, "probed", 1000)
+	var logs syncBuffer
+	d := delivery.New(delivery.Config{URL: rcv.URL}, metrics.NewDelivery(prometheus.NewRegistry(), "step.completed"), zerolog.New(&logs))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		delivery.NewDispatcher(delivery.DispatchConfig{MaxBackoff: time.Second}, d, store).Run(ctx)
+		close(done)
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	testkit.WaitUntil(t, 15*time.Second, "the worker probing (its log)", func() (bool, any) {
+		return strings.Contains(logs.String(), "trying one event at a time"), rcv.Stats().Refused
+	})
+	time.Sleep(time.Second) // the POSTs in flight when it began end
+	before := rcv.Stats().Refused
+	const window = 3 * time.Second
+	time.Sleep(window)
+	// 4 probes a second; a worker without the brake sent each of the 1000
+	// events about once a second (the 1 s cap, jittered), thousands
+	tries := rcv.Stats().Refused - before
+	if tries > 2*4*3+8 {
+		t.Errorf("%d POSTs to a receiver failing every one in %v, want a few probes a second", tries, window)
+	}
+	if n := testkit.OutboxRows(t, db.DB); n != 1000 {
+		t.Fatalf("%d events in the outbox while the receiver fails, want all 1000", n)
+	}
+
+	back := time.Now()
+	rcv.Refuse(0)
+	awaitDelivered(t, rcv, 1000, "1000 events delivered after the receiver came back")
+	if took := time.Since(back); took > 5*time.Second {
+		t.Errorf("delivered %v after the receiver came back, want within seconds (a probe, then everything due)", took.Round(time.Millisecond))
+	}
+	t.Logf("%d POSTs in %v to the receiver down; all 1000 events delivered %v after it came back", tries, window, time.Since(back).Round(time.Millisecond))
+	awaitOutboxEmpty(t, db)
+	if n := strings.Count(logs.String(), "delivering at full rate"); n != 1 {
+		t.Errorf("the receiver's return logged %d times, want once:\n%s", n, logs.String())
+	}
 	rcv.Check(t)
 }
