@@ -122,12 +122,39 @@ func (d *Deliverer) try(ctx context.Context, ev *storage.OutboxEvent) (string, e
 	defer resp.Body.Close()
 	io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 	if resp.StatusCode >= 300 && resp.StatusCode <= 399 {
-		return metrics.DeliveryHTTPError, fmt.Errorf("callback answered %s with Location %q: redirects are not followed (point -callback-url at the final URL)", resp.Status, config.RedactURL(resp.Header.Get("Location")))
+		return metrics.DeliveryHTTPError, &statusError{resp.StatusCode, fmt.Sprintf("callback answered %s with Location %q: redirects are not followed (point -callback-url at the final URL)", resp.Status, config.RedactURL(resp.Header.Get("Location")))}
 	}
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		return metrics.DeliveryHTTPError, fmt.Errorf("callback answered %s", resp.Status)
+		return metrics.DeliveryHTTPError, &statusError{resp.StatusCode, "callback answered " + resp.Status}
 	}
 	return metrics.DeliveryOK, nil
+}
+
+// statusError is a POST the receiver answered with a status other than 2xx.
+type statusError struct {
+	code int
+	msg  string
+}
+
+func (e *statusError) Error() string { return e.msg }
+
+// judged says whether err is the receiver's answer about the event itself:
+// a 4xx but those that refuse any request alike (401, 403 and 407: its
+// credentials; 408 and 429: the receiver's load). A receiver that judges
+// an event is up, whatever it thinks of that one; one that does not
+// answer, fails (5xx), redirects, or refuses every request is not taking
+// events.
+func judged(err error) bool {
+	var se *statusError
+	if !errors.As(err, &se) || se.code < 400 || se.code > 499 {
+		return false
+	}
+	switch se.code {
+	case http.StatusUnauthorized, http.StatusForbidden, http.StatusProxyAuthRequired,
+		http.StatusRequestTimeout, http.StatusTooManyRequests:
+		return false
+	}
+	return true
 }
 
 // noRedirects keeps the client on the callback URL. Following a redirect

@@ -17,29 +17,32 @@ import (
 // failLinesPerSecond bounds the "delivery failed; will retry" lines.
 const failLinesPerSecond = 5
 
-// When a POST succeeds after at least kickAfter failures in a row, the
-// receiver is taken to be back: the events that failed meanwhile are made
-// due at once (up to kickLimit, at most once every kickEvery per worker),
-// rather than each at the end of its backoff. A few events a receiver
-// refuses among many it takes never make such a run; if they do, they
-// are tried once more than their backoff says, at most every kickEvery.
+// A run of failures is POSTs in a row that the receiver did not answer
+// about their event: no answer, a timeout, a 5xx, a redirect, or a refusal
+// of any request (401, 403, 407, 408, 429). A 2xx ends it, and so does a
+// 4xx that judges the event (judged: a 400 for an event it cannot use),
+// since a receiver that judges events is up. Refused events among events
+// taken therefore never make a run.
+//
+// When a run of at least kickAfter ends, the receiver is taken to be back:
+// the events that failed meanwhile are made due at once (up to kickLimit,
+// at most once every kickEvery per worker), rather than each at the end of
+// its backoff.
 const (
 	kickAfter = 8
 	kickEvery = 5 * time.Second
 	kickLimit = 10000
 )
 
-// After brakeAfter POSTs failed in a row, with none taken since, the
-// receiver is taken to be down and the worker probes it rather than
-// trying every due event: its loops claim one event at a time, one every
-// probeEvery across the worker, until a POST succeeds; that success ends
-// the run (and, through kickAfter, every backoff). Without it, a receiver
-// down while thousands of events are pending was sent each of them every
-// 5 to 10 s (the backoff cap), and every failure was an UPDATE on the
-// database the webhooks commit to. The threshold is a few batches, so a
-// burst of events the receiver refuses among many it takes does not
-// brake; the probes are frequent, so a receiver back is found within a
-// quarter of a second.
+// After a run of brakeAfter failures the receiver is taken to be down, and
+// the worker probes it rather than trying every due event: its loops claim
+// one event at a time, one every probeEvery across the worker, until the
+// run ends (and, through kickAfter, every backoff with it). Without it, a
+// receiver down while thousands of events are pending was sent each of
+// them every 5 to 10 s (the backoff cap), and every failure was an UPDATE
+// on the database the webhooks commit to. The threshold is a few batches;
+// the probes are frequent, so a receiver back is found within a quarter
+// of a second.
 const (
 	brakeAfter = 192
 	probeEvery = 250 * time.Millisecond
@@ -433,15 +436,19 @@ func (p *Dispatcher) start(ctx context.Context, ev *storage.OutboxEvent, ended f
 		p.d.metrics.Deliveries.WithLabelValues(ev.Type, outcome).Inc()
 		if err == nil {
 			p.delivered <- ev.OutboxRef // keeps its lease until acknowledged
+		}
+		if err == nil || judged(err) {
+			// the receiver answers: a run of failures, if any, is over
 			if streak := p.failStreak.Swap(0); streak >= kickAfter {
 				if streak >= brakeAfter {
-					p.d.logger.Info().Int64("failed_in_a_row", streak).Msg("the receiver takes events again; delivering at full rate")
+					p.d.logger.Info().Int64("failed_in_a_row", streak).Msg("the receiver answers again; delivering at full rate")
 				}
 				p.kick(ctx)
 			}
-			return
-		}
-		if ctx.Err() == nil && p.failStreak.Add(1) == brakeAfter {
+			if err == nil {
+				return
+			}
+		} else if ctx.Err() == nil && p.failStreak.Add(1) == brakeAfter {
 			p.d.logger.Warn().Err(err).Int("failed_in_a_row", brakeAfter).Stringer("probe_every", probeEvery).
 				Msg("the receiver failed every recent delivery; trying one event at a time until it takes one")
 		}

@@ -526,3 +526,32 @@ func TestADownReceiverIsProbedNotSentEveryPendingEvent(t *testing.T) {
 	}
 	rcv.Check(t)
 }
+
+// A receiver that answers 400 to every event is up, judging them: it is
+// not probed like one that is down, and every event keeps being tried on
+// its own backoff (until held) rather than one every 250 ms.
+func TestAReceiverRefusingEveryEventWith400IsNotTakenForDown(t *testing.T) {
+	t.Parallel()
+	_, store := testkit.NewStorage(t, stepmysql.WithOutbox())
+	rcv := testkit.NewReceiver(t, testkit.ReceiverOptions{CompletionsOnly: true})
+	rcv.Refuse(http.StatusBadRequest)
+	completions(t, store, "judged", 300)
+	var logs syncBuffer
+	d := delivery.New(delivery.Config{URL: rcv.URL}, metrics.NewDelivery(prometheus.NewRegistry(), "step.completed"), zerolog.New(&logs))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		delivery.NewDispatcher(delivery.DispatchConfig{MaxBackoff: time.Second}, d, store).Run(ctx)
+		close(done)
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	// two tries each, a second or so apart: a braked worker, 4 a second
+	// after its first 192, would take over 100 s
+	testkit.WaitUntil(t, 30*time.Second, "600 refused tries (so far)", func() (bool, any) {
+		n := rcv.Stats().Refused
+		return n >= 600, n
+	})
+	if strings.Contains(logs.String(), "trying one event at a time") {
+		t.Errorf("a receiver answering 400 was taken for down:\n%s", logs.String())
+	}
+}
