@@ -17,36 +17,41 @@ import (
 // failLinesPerSecond bounds the "delivery failed; will retry" lines.
 const failLinesPerSecond = 5
 
-// A run of failures is POSTs in a row that the receiver did not answer
-// about their event: no answer, a timeout, a 5xx, a redirect, or a refusal
-// of any request (401, 403, 407, 408, 429). A 2xx ends it, and so does a
-// 4xx that judges the event (judged: a 400 for an event it cannot use),
-// since a receiver that judges events is up. Refused events among events
-// taken therefore never make a run.
-//
-// When a run of at least kickAfter ends, the receiver is taken to be back:
-// the events that failed meanwhile are made due at once (up to kickLimit,
-// at most once every kickEvery per worker), rather than each at the end of
-// its backoff.
+// When a POST succeeds after at least kickAfter failures in a row, the
+// receiver is taken to be back: the events that failed meanwhile are made
+// due at once (up to kickLimit, at most once every kickEvery per worker),
+// rather than each at the end of its backoff. A few events a receiver
+// refuses among many it takes never make such a run; if they do, they
+// are tried once more than their backoff says, at most every kickEvery.
 const (
 	kickAfter = 8
 	kickEvery = 5 * time.Second
 	kickLimit = 10000
 )
 
-// After a run of brakeAfter failures the receiver is taken to be down, and
-// the worker probes it rather than trying every due event: its loops claim
-// one event at a time, one every probeEvery across the worker, until the
-// run ends (and, through kickAfter, every backoff with it). Without it, a
-// receiver down while thousands of events are pending was sent each of
-// them every 5 to 10 s (the backoff cap), and every failure was an UPDATE
-// on the database the webhooks commit to. The threshold is a few batches;
-// the probes are frequent, so a receiver back is found within a quarter
-// of a second.
+// After brakeAfter POSTs in a row that the receiver did not answer about
+// their event (no answer, a timeout, a 5xx, a redirect, or a refusal of
+// any request: 401, 403, 407, 408, 429), it is taken to be down, and the
+// worker probes it rather than trying every due event: its loops claim
+// one event at a time, one every probeEvery across the worker, until a
+// POST is answered (a 2xx, or a 4xx that judges the event: judged). A
+// success then ends every backoff (kickAfter). Without it, a receiver down
+// while thousands of events are pending was sent each of them every 5 to
+// 10 s (the backoff cap), and every failure was an UPDATE on the database
+// the webhooks commit to. Probes alternate between the newest due event
+// and one at a random place in the outbox (a prober store), never the
+// oldest each time: a receiver that fails only some events (503 for one
+// workflow) could keep the oldest failing for hours while the rest waited.
 const (
 	brakeAfter = 192
 	probeEvery = 250 * time.Millisecond
 )
+
+// prober is a DispatchStore that can claim one event for a probe
+// (storage/mysql's ClaimProbeEvent); without it a probe claims the oldest.
+type prober interface {
+	ClaimProbeEvent(ctx context.Context, lease time.Duration, newest bool) (*storage.OutboxEvent, error)
+}
 
 // backoffEnder is a DispatchStore that can end every backoff at once
 // (storage/mysql's EndBackoffs).
@@ -143,9 +148,13 @@ type Dispatcher struct {
 	// lastKick is when the backoffs were last ended (unix nanoseconds)
 	failStreak atomic.Int64
 	lastKick   atomic.Int64
-	// nextProbe is when the next probe may start while the receiver is
-	// taken to be down (unix nanoseconds): one loop at a time wins it
-	nextProbe atomic.Int64
+	// downStreak counts the POSTs since the last the receiver answered
+	// (succeeded or judged); nextProbe is when the next probe may start
+	// while it is taken to be down (unix nanoseconds): one loop at a time
+	// wins it; probes counts them, to alternate their picks
+	downStreak atomic.Int64
+	nextProbe  atomic.Int64
+	probes     atomic.Int64
 
 	// mine is every event this worker's loops are delivering, until
 	// acknowledged or failed. A claim that returns one of them (its lease
@@ -276,7 +285,8 @@ func (p *Dispatcher) loop(ctx, work context.Context, i int) {
 	failing := false
 	for ctx.Err() == nil {
 		want := p.cfg.Batch
-		if p.braked() {
+		probing := p.braked()
+		if probing {
 			// the receiver is down: one event, when this loop wins the
 			// worker's next probe
 			if !p.awaitProbe(ctx) {
@@ -292,7 +302,7 @@ func (p *Dispatcher) loop(ctx, work context.Context, i int) {
 			return // ctx ended
 		}
 		p.claimStarts(i)
-		evs, err := p.store.ClaimDueEvents(ctx, n, p.cfg.Lease)
+		evs, err := p.claim(ctx, n, probing)
 		if errors.Is(err, storage.ErrDeliveryPaused) {
 			if p.paused.CompareAndSwap(false, true) {
 				p.d.logger.Info().Msg("delivery paused by an operator; waiting for POST /v1/delivery/resume")
@@ -348,8 +358,21 @@ func (p *Dispatcher) loop(ctx, work context.Context, i int) {
 }
 
 // braked says whether the receiver is taken to be down: brakeAfter POSTs
-// failed in a row.
-func (p *Dispatcher) braked() bool { return p.failStreak.Load() >= brakeAfter }
+// in a row it did not answer.
+func (p *Dispatcher) braked() bool { return p.downStreak.Load() >= brakeAfter }
+
+// claim claims up to n events, or one for a probe.
+func (p *Dispatcher) claim(ctx context.Context, n int, probe bool) ([]*storage.OutboxEvent, error) {
+	pr, ok := p.store.(prober)
+	if !probe || !ok {
+		return p.store.ClaimDueEvents(ctx, n, p.cfg.Lease)
+	}
+	ev, err := pr.ClaimProbeEvent(ctx, p.cfg.Lease, p.probes.Add(1)%2 == 1)
+	if ev == nil {
+		return nil, err
+	}
+	return []*storage.OutboxEvent{ev}, err
+}
 
 // awaitProbe waits for the worker's next probe time and says whether this
 // loop won it (false: another did, or ctx ended; look again).
@@ -434,23 +457,24 @@ func (p *Dispatcher) start(ctx context.Context, ev *storage.OutboxEvent, ended f
 		defer p.places.give(1)
 		outcome, err := p.d.post(ctx, ev)
 		p.d.metrics.Deliveries.WithLabelValues(ev.Type, outcome).Inc()
+		if err == nil || judged(err) {
+			// the receiver answers
+			if down := p.downStreak.Swap(0); down >= brakeAfter {
+				p.d.logger.Info().Int64("unanswered_in_a_row", down).Msg("the receiver answers again; delivering at full rate")
+			}
+		} else if ctx.Err() == nil && p.downStreak.Add(1) == brakeAfter {
+			p.d.logger.Warn().Err(err).Int("unanswered_in_a_row", brakeAfter).Stringer("probe_every", probeEvery).
+				Msg("the receiver failed every recent delivery; trying one event at a time until it answers")
+		}
 		if err == nil {
 			p.delivered <- ev.OutboxRef // keeps its lease until acknowledged
-		}
-		if err == nil || judged(err) {
-			// the receiver answers: a run of failures, if any, is over
-			if streak := p.failStreak.Swap(0); streak >= kickAfter {
-				if streak >= brakeAfter {
-					p.d.logger.Info().Int64("failed_in_a_row", streak).Msg("the receiver answers again; delivering at full rate")
-				}
+			if p.failStreak.Swap(0) >= kickAfter {
 				p.kick(ctx)
 			}
-			if err == nil {
-				return
-			}
-		} else if ctx.Err() == nil && p.failStreak.Add(1) == brakeAfter {
-			p.d.logger.Warn().Err(err).Int("failed_in_a_row", brakeAfter).Stringer("probe_every", probeEvery).
-				Msg("the receiver failed every recent delivery; trying one event at a time until it takes one")
+			return
+		}
+		if ctx.Err() == nil {
+			p.failStreak.Add(1)
 		}
 		p.release(false, ev.OutboxRef)
 		if ctx.Err() != nil {

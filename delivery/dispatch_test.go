@@ -55,12 +55,21 @@ func awaitOutboxEmpty(t *testing.T, db *testkit.DB) {
 }
 
 func runDispatcher(t *testing.T, cfg delivery.DispatchConfig, url string, store delivery.DispatchStore) context.CancelFunc {
-	d := delivery.New(delivery.Config{URL: url}, metrics.NewDelivery(prometheus.NewRegistry(), "step.completed"), zerolog.Nop())
+	cancel, _ := runLoggedDispatcher(t, cfg, url, store)
+	return cancel
+}
+
+// runLoggedDispatcher is runDispatcher with the dispatcher's log in the
+// buffer it returns; its stop returns once the dispatcher has.
+func runLoggedDispatcher(t *testing.T, cfg delivery.DispatchConfig, url string, store delivery.DispatchStore) (stop func(), logs *syncBuffer) {
+	logs = &syncBuffer{}
+	d := delivery.New(delivery.Config{URL: url}, metrics.NewDelivery(prometheus.NewRegistry(), "step.completed"), zerolog.New(logs))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { delivery.NewDispatcher(cfg, d, store).Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
-	return cancel
+	stop = func() { cancel(); <-done }
+	t.Cleanup(stop)
+	return stop, logs
 }
 
 // Three dispatchers (three workers) on one outbox: every event arrives,
@@ -424,16 +433,8 @@ func TestFailedDeliveriesLogAFewLinesASecondNotOneEach(t *testing.T) {
 	rcv := testkit.NewReceiver(t, testkit.ReceiverOptions{CompletionsOnly: true})
 	rcv.Refuse(http.StatusServiceUnavailable)
 	completions(t, store, "noisy", 200)
-	var logs syncBuffer
-	reg := prometheus.NewRegistry()
-	d := delivery.New(delivery.Config{URL: rcv.URL}, metrics.NewDelivery(reg, "step.completed"), zerolog.New(&logs))
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
 	start := time.Now()
-	go func() {
-		delivery.NewDispatcher(delivery.DispatchConfig{MaxBackoff: 100 * time.Millisecond}, d, store).Run(ctx)
-		close(done)
-	}()
+	stop, logs := runLoggedDispatcher(t, delivery.DispatchConfig{MaxBackoff: 100 * time.Millisecond}, rcv.URL, store)
 	// every event tried once, at once (Loops x Batch places): without the
 	// sampler that burst alone was a line each
 	testkit.WaitUntil(t, 15*time.Second, "200 failed tries (refused so far)", func() (bool, any) {
@@ -441,8 +442,7 @@ func TestFailedDeliveriesLogAFewLinesASecondNotOneEach(t *testing.T) {
 		return n >= 200, n
 	})
 	time.Sleep(time.Second) // and the tries after it
-	cancel()
-	<-done
+	stop()
 	secs := time.Since(start).Seconds()
 	lines := strings.Count(logs.String(), "delivery failed; will retry")
 	if max := int(5*(secs+1)) + 5; lines > max || lines == 0 {
@@ -487,15 +487,7 @@ func TestADownReceiverIsProbedNotSentEveryPendingEvent(t *testing.T) {
 	rcv := testkit.NewReceiver(t, testkit.ReceiverOptions{CompletionsOnly: true})
 	rcv.Refuse(http.StatusServiceUnavailable)
 	completions(t, store, "probed", 1000)
-	var logs syncBuffer
-	d := delivery.New(delivery.Config{URL: rcv.URL}, metrics.NewDelivery(prometheus.NewRegistry(), "step.completed"), zerolog.New(&logs))
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		delivery.NewDispatcher(delivery.DispatchConfig{MaxBackoff: time.Second}, d, store).Run(ctx)
-		close(done)
-	}()
-	t.Cleanup(func() { cancel(); <-done })
+	_, logs := runLoggedDispatcher(t, delivery.DispatchConfig{MaxBackoff: time.Second}, rcv.URL, store)
 	testkit.WaitUntil(t, 15*time.Second, "the worker probing (its log)", func() (bool, any) {
 		return strings.Contains(logs.String(), "trying one event at a time"), rcv.Stats().Refused
 	})
@@ -536,15 +528,7 @@ func TestAReceiverRefusingEveryEventWith400IsNotTakenForDown(t *testing.T) {
 	rcv := testkit.NewReceiver(t, testkit.ReceiverOptions{CompletionsOnly: true})
 	rcv.Refuse(http.StatusBadRequest)
 	completions(t, store, "judged", 300)
-	var logs syncBuffer
-	d := delivery.New(delivery.Config{URL: rcv.URL}, metrics.NewDelivery(prometheus.NewRegistry(), "step.completed"), zerolog.New(&logs))
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		delivery.NewDispatcher(delivery.DispatchConfig{MaxBackoff: time.Second}, d, store).Run(ctx)
-		close(done)
-	}()
-	t.Cleanup(func() { cancel(); <-done })
+	_, logs := runLoggedDispatcher(t, delivery.DispatchConfig{MaxBackoff: time.Second}, rcv.URL, store)
 	// two tries each, a second or so apart: a braked worker, 4 a second
 	// after its first 192, would take over 100 s
 	testkit.WaitUntil(t, 30*time.Second, "600 refused tries (so far)", func() (bool, any) {
@@ -554,4 +538,42 @@ func TestAReceiverRefusingEveryEventWith400IsNotTakenForDown(t *testing.T) {
 	if strings.Contains(logs.String(), "trying one event at a time") {
 		t.Errorf("a receiver answering 400 was taken for down:\n%s", logs.String())
 	}
+}
+
+// A receiver that fails one workflow's events (its handler answers 503)
+// and takes the rest: once the worker is probing, a probe must find the
+// events the receiver takes. Probes in claim order took the oldest due
+// event each time, always the failing workflow's, and events of every
+// other workflow waited for hours (an outside probe: 0 of 300 in 90 s).
+func TestProbesFindTheEventsAReceiverTakesAmongOnesItFails(t *testing.T) {
+	t.Parallel()
+	db, store := testkit.NewStorage(t, stepmysql.WithOutbox())
+	rcv := testkit.NewReceiver(t, testkit.ReceiverOptions{CompletionsOnly: true})
+	var failed atomic.Int64
+	url := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		body, _ := io.ReadAll(req.Body)
+		var ev events.Event
+		if json.Unmarshal(body, &ev) == nil && strings.HasSuffix(ev.Step.WorkflowName, ".failing") {
+			failed.Add(1)
+			http.Error(w, "handler failed", http.StatusServiceUnavailable)
+			return
+		}
+		req.Body = io.NopCloser(bytes.NewReader(body))
+		rcv.ServeHTTP(w, req)
+	}))
+	t.Cleanup(url.Close)
+	completions(t, store, "failing", 1000)
+	_, logs := runLoggedDispatcher(t, delivery.DispatchConfig{}, url.URL, store)
+	testkit.WaitUntil(t, 15*time.Second, "the worker probing (its log)", func() (bool, any) {
+		return strings.Contains(logs.String(), "trying one event at a time"), failed.Load()
+	})
+	start := time.Now()
+	completions(t, store, "taken", 300)
+	awaitDelivered(t, rcv, 300, "the 300 events the receiver takes, delivered among 1000 it fails")
+	t.Logf("300 events delivered %v after they were written, among 1000 failing (%d failed POSTs in all)",
+		time.Since(start).Round(time.Millisecond), failed.Load())
+	testkit.WaitUntil(t, 15*time.Second, "only the 1000 failing events left in the outbox (rows)", func() (bool, any) {
+		n := testkit.OutboxRows(t, db.DB)
+		return n == 1000, n
+	})
 }

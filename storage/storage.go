@@ -104,11 +104,13 @@ const (
 	OpAckEvents     = "acknowledge events"
 	OpRenewLeases   = "renew delivery leases"
 	OpSetAside      = "set aside step"
+	// OpSetDeliveryPaused is an operator's pause or resume of delivery.
+	OpSetDeliveryPaused = "set delivery paused"
 )
 
 // TxOps lists every transaction operation.
 var TxOps = []string{OpStoreResult, OpStoreNotNow, OpStoreStep, OpCancelSteps, OpCollectSteps,
-	OpDueSteps, OpTimeOutSteps, OpRePush, OpRecordStarted, OpDeleteOrphans, OpClaimEvents, OpAckEvents, OpRenewLeases, OpSetAside}
+	OpDueSteps, OpTimeOutSteps, OpRePush, OpRecordStarted, OpDeleteOrphans, OpClaimEvents, OpAckEvents, OpRenewLeases, OpSetAside, OpSetDeliveryPaused}
 
 // Retry reasons, the reason label of stepcollect_tx_retries_total.
 var RetryReasons = []string{"deadlock", "lock_wait_timeout", "connection"}

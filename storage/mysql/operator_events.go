@@ -156,22 +156,46 @@ func (s *Storage) DeliveryState(ctx context.Context) (storage.DeliveryState, err
 // the state it left. A pause waits for the claims already running (they
 // read the state with a shared lock): once it returns, no worker claims
 // an event until delivery is resumed. Deliveries claimed before it finish.
+//
+// The write and the read of what it left are one transaction, the read a
+// locking one under the write's own row lock: a pause and a resume sent at
+// once are applied one after the other, and each caller is told the state
+// its own write left (the later one's stands). Read apart, the earlier
+// writer could read the later one's state and took its own for lost.
 func (s *Storage) SetDeliveryPaused(ctx context.Context, paused bool) (storage.DeliveryState, error) {
-	for range 2 {
-		res, err := s.db.ExecContext(ctx, qSetDelivery, paused, paused)
-		if err != nil {
-			return storage.DeliveryState{}, fmt.Errorf("setting delivery paused=%v: %w", paused, err)
+	var st storage.DeliveryState
+	err := s.inTx(ctx, storage.OpSetDeliveryPaused, func(ctx context.Context, tx *sql.Tx, _ *attempt) error {
+		st = storage.DeliveryState{}
+		if _, err := tx.ExecContext(ctx, qSetDelivery, paused, paused); err != nil {
+			return err
 		}
-		st, err := s.DeliveryState(ctx)
-		if err != nil || st.Paused == paused {
-			return st, err
-		}
-		if n, _ := res.RowsAffected(); n == 0 {
-			// its row is missing (the migration writes it): write it, again
-			if _, err := s.db.ExecContext(ctx, qEnsureDelivery); err != nil {
-				return storage.DeliveryState{}, fmt.Errorf("setting delivery paused=%v: %w", paused, err)
+		var since sql.NullTime
+		err := tx.QueryRowContext(ctx, qLockDelivery).Scan(&st.Paused, &since)
+		if errors.Is(err, sql.ErrNoRows) {
+			// its row is missing (the migration writes it): write it, and
+			// set it again
+			if _, err := tx.ExecContext(ctx, qEnsureDelivery); err != nil {
+				return err
 			}
+			if _, err := tx.ExecContext(ctx, qSetDelivery, paused, paused); err != nil {
+				return err
+			}
+			err = tx.QueryRowContext(ctx, qLockDelivery).Scan(&st.Paused, &since)
 		}
+		if err != nil {
+			return err
+		}
+		if since.Valid {
+			t := since.Time.UTC()
+			st.Since = &t
+		}
+		if st.Paused != paused {
+			return fmt.Errorf("read paused=%v under its own write's lock", st.Paused)
+		}
+		return nil
+	})
+	if err != nil {
+		return storage.DeliveryState{}, fmt.Errorf("setting delivery paused=%v: %w", paused, err)
 	}
-	return storage.DeliveryState{}, fmt.Errorf("setting delivery paused=%v: the state did not stick", paused)
+	return st, nil
 }

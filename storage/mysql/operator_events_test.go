@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -217,6 +218,93 @@ func TestAPausedDeliveryClaimsNothingUntilResumed(t *testing.T) {
 	}
 	if g, _ := b.store.Gauges(ctx); g.DeliveryPaused {
 		t.Error("gauges say paused after resume")
+	}
+}
+
+// A probe claims the newest due event, or one from a random place in the
+// outbox wrapping to the start; never one being delivered or held, nothing
+// when none is due, and nothing while delivery is paused.
+func TestAProbeClaimsTheNewestOrARandomDueEvent(t *testing.T) {
+	t.Parallel()
+	b := setup(t, &setupOpts{extra: []mysql.Option{mysql.WithOutbox()}})
+	ctx := t.Context()
+	b.written(t, "probe", 6)
+	var ids []int64
+	rs, err := b.db.DB.QueryContext(ctx, `SELECT id FROM stepcollect_outbox ORDER BY id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rs.Next() {
+		var id int64
+		if err := rs.Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+	}
+	rs.Close()
+	if len(ids) != 6 {
+		t.Fatalf("%d events written, want 6", len(ids))
+	}
+	for _, want := range []int64{ids[5], ids[4]} {
+		ev, err := b.store.ClaimProbeEvent(ctx, time.Minute, true)
+		if err != nil || ev == nil || ev.ID != want || ev.Attempts != 1 {
+			t.Fatalf("newest probe: %+v, %v; want row %d, its first attempt", ev, err, want)
+		}
+	}
+	seen := map[int64]bool{}
+	for range 4 {
+		ev, err := b.store.ClaimProbeEvent(ctx, time.Minute, false)
+		if err != nil || ev == nil || ev.ID > ids[3] || seen[ev.ID] {
+			t.Fatalf("random probe: %+v, %v; want one of rows %v not claimed yet (claimed: %v)", ev, err, ids[:4], seen)
+		}
+		seen[ev.ID] = true
+	}
+	for _, newest := range []bool{true, false} {
+		if ev, err := b.store.ClaimProbeEvent(ctx, time.Minute, newest); ev != nil || err != nil {
+			t.Errorf("probe (newest %v) with every event leased: %+v, %v; want nothing", newest, ev, err)
+		}
+	}
+	if _, err := b.store.SetDeliveryPaused(ctx, true); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.store.ClaimProbeEvent(ctx, time.Minute, false); !errors.Is(err, storage.ErrDeliveryPaused) {
+		t.Errorf("probe while paused: %v, want ErrDeliveryPaused", err)
+	}
+}
+
+// Pauses and resumes sent at once (two operators, a double click) are
+// applied one after the other, last writer standing: each is told the
+// state its own write left, none fails. Read back apart from its write, a
+// pause read a resume's state and answered 503 "did not stick".
+func TestPausesAndResumesAtOnceEachGetTheirOwnState(t *testing.T) {
+	t.Parallel()
+	b := setup(t, &setupOpts{extra: []mysql.Option{mysql.WithOutbox()}})
+	if n := b.db.DB.Stats().MaxOpenConnections; n != 0 && n < 32 {
+		t.Fatalf("the pool holds %d connections; the race needs 32 or more", n)
+	}
+	const callers, rounds = 32, 10
+	for round := range rounds {
+		start := make(chan struct{})
+		var wg sync.WaitGroup
+		errs := make(chan error, callers)
+		for i := range callers {
+			wg.Go(func() {
+				<-start
+				want := i%2 == 0
+				st, err := b.store.SetDeliveryPaused(context.Background(), want)
+				if err != nil {
+					errs <- fmt.Errorf("round %d, caller %d (paused=%v): %w", round, i, want, err)
+				} else if st.Paused != want || (want && st.Since == nil) {
+					errs <- fmt.Errorf("round %d, caller %d asked paused=%v and was told %+v", round, i, want, st)
+				}
+			})
+		}
+		close(start)
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Error(err)
+		}
 	}
 }
 

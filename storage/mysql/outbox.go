@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"time"
 
 	"github.com/stepcollect/stepcollect/events"
@@ -50,8 +51,53 @@ func (s *Storage) outboxRow(ev *events.Event, enrollment string) ([]any, error) 
 // never claimed. While delivery is paused it claims nothing and returns
 // storage.ErrDeliveryPaused.
 func (s *Storage) ClaimDueEvents(ctx context.Context, limit int, lease time.Duration) ([]*storage.OutboxEvent, error) {
-	var out []*storage.OutboxEvent
 	var after int64
+	out, err := s.claimEvents(ctx, lease, func(ctx context.Context, tx *sql.Tx, now time.Time) ([]*storage.OutboxEvent, error) {
+		after = s.claims.from(now)
+		return scanClaimed(ctx, tx, qClaimDueEvents, after, dbTime(now), limit)
+	})
+	if err != nil {
+		return nil, err
+	}
+	s.claims.claimed(after, out, limit)
+	return out, nil
+}
+
+// ClaimProbeEvent claims one event nobody is delivering, for a worker
+// probing a receiver that failed every recent try: the newest one, or
+// (newest false) the first at or after a random row id in the outbox's
+// range, wrapping to the start. A probe in claim order would take the
+// oldest event each time; where the receiver fails only some events (a
+// workflow whose handler answers 503), those can be the oldest for hours
+// and the probe would never find one it takes. It returns nil when
+// nothing is due, and storage.ErrDeliveryPaused while delivery is paused.
+func (s *Storage) ClaimProbeEvent(ctx context.Context, lease time.Duration, newest bool) (*storage.OutboxEvent, error) {
+	out, err := s.claimEvents(ctx, lease, func(ctx context.Context, tx *sql.Tx, now time.Time) ([]*storage.OutboxEvent, error) {
+		if newest {
+			return scanClaimed(ctx, tx, qClaimNewestDueEvent, dbTime(now))
+		}
+		var lo, hi sql.NullInt64
+		if err := tx.QueryRowContext(ctx, qOutboxIDRange).Scan(&lo, &hi); err != nil || !lo.Valid {
+			return nil, err
+		}
+		from := lo.Int64 + rand.Int64N(hi.Int64-lo.Int64+1)
+		out, err := scanClaimed(ctx, tx, qClaimDueEvents, from-1, dbTime(now), 1)
+		if err != nil || len(out) > 0 || from == lo.Int64 {
+			return out, err
+		}
+		return scanClaimed(ctx, tx, qClaimDueEvents, 0, dbTime(now), 1)
+	})
+	if err != nil || len(out) == 0 {
+		return nil, err
+	}
+	return out[0], nil
+}
+
+// claimEvents runs a claim: unless delivery is paused, read locks the
+// events it returns, and they are leased for lease, all in one short
+// transaction.
+func (s *Storage) claimEvents(ctx context.Context, lease time.Duration, read func(context.Context, *sql.Tx, time.Time) ([]*storage.OutboxEvent, error)) ([]*storage.OutboxEvent, error) {
+	var out []*storage.OutboxEvent
 	err := s.inTx(ctx, storage.OpClaimEvents, func(ctx context.Context, tx *sql.Tx, _ *attempt) error {
 		out = nil
 		var paused sql.NullBool
@@ -62,17 +108,8 @@ func (s *Storage) ClaimDueEvents(ctx context.Context, limit int, lease time.Dura
 			return storage.ErrDeliveryPaused
 		}
 		now := time.Now()
-		after = s.claims.from(now)
 		var err error
-		out, err = queryList(ctx, tx, qClaimDueEvents, []any{after, dbTime(now), limit}, func(rs *sql.Rows) (*storage.OutboxEvent, error) {
-			ev := &storage.OutboxEvent{}
-			var age int64
-			err := rs.Scan(&ev.ID, &ev.EventID, &ev.Type, &ev.Payload, &ev.Attempts, &age)
-			ev.Attempts++ // this one
-			ev.Age = time.Duration(age) * time.Microsecond
-			return ev, err
-		})
-		if err != nil || len(out) == 0 {
+		if out, err = read(ctx, tx, now); err != nil || len(out) == 0 {
 			return err
 		}
 		ids := make([]int64, len(out))
@@ -87,8 +124,19 @@ func (s *Storage) ClaimDueEvents(ctx context.Context, limit int, lease time.Dura
 	} else if err != nil {
 		return nil, fmt.Errorf("claiming events to deliver: %w", err)
 	}
-	s.claims.claimed(after, out, limit)
 	return out, nil
+}
+
+// scanClaimed reads the events a claim's locking read q returns.
+func scanClaimed(ctx context.Context, tx *sql.Tx, q string, a ...any) ([]*storage.OutboxEvent, error) {
+	return queryList(ctx, tx, q, a, func(rs *sql.Rows) (*storage.OutboxEvent, error) {
+		ev := &storage.OutboxEvent{}
+		var age int64
+		err := rs.Scan(&ev.ID, &ev.EventID, &ev.Type, &ev.Payload, &ev.Attempts, &age)
+		ev.Attempts++ // this one
+		ev.Age = time.Duration(age) * time.Microsecond
+		return ev, err
+	})
 }
 
 // RenewLeases extends the lease of events whose delivery is still running.

@@ -358,6 +358,17 @@ FROM stepcollect_outbox FORCE INDEX (outbox_held_at)
 WHERE held_at IS NULL AND id > ? AND (lease_until IS NULL OR lease_until <= ?)
 ORDER BY id LIMIT ? FOR UPDATE SKIP LOCKED`
 
+	// A probe's claims (ClaimProbeEvent): the newest event nobody is
+	// delivering, read backwards through the same index; and the range of
+	// row ids, for a random place to start from.
+	qClaimNewestDueEvent = `
+SELECT id, event_id, event_type, payload, attempts,
+  TIMESTAMPDIFF(MICROSECOND, COALESCE(released_at, created_at), CURRENT_TIMESTAMP(6))
+FROM stepcollect_outbox FORCE INDEX (outbox_held_at)
+WHERE held_at IS NULL AND (lease_until IS NULL OR lease_until <= ?)
+ORDER BY id DESC LIMIT 1 FOR UPDATE SKIP LOCKED`
+	qOutboxIDRange = `SELECT MIN(id), MAX(id) FROM stepcollect_outbox`
+
 	// The lease replaces a value of its own size (never NULL, see
 	// migration 00011): the row is updated in place.
 	qLeaseEvents = `
@@ -527,6 +538,7 @@ FROM stepcollect_outbox `
 	// saw "running" to commit, and no claim starts running after it.
 	qGetDelivery    = `SELECT paused, since FROM stepcollect_delivery WHERE id = 1`
 	qClaimsDelivery = `SELECT paused FROM stepcollect_delivery WHERE id = 1 LOCK IN SHARE MODE`
+	qLockDelivery   = `SELECT paused, since FROM stepcollect_delivery WHERE id = 1 FOR UPDATE`
 	// since moves only when the state changes (assigned before paused, so
 	// it compares with the old value under either assignment order).
 	qSetDelivery = `
