@@ -43,8 +43,9 @@ const (
 // oldest each time: a receiver that fails only some events (503 for one
 // workflow) could keep the oldest failing for hours while the rest waited.
 const (
-	brakeAfter = 192
-	probeEvery = 250 * time.Millisecond
+	brakeAfter    = 192
+	probeEvery    = 250 * time.Millisecond
+	probeLogEvery = 30 * time.Second
 )
 
 // prober is a DispatchStore that can claim one event for a probe
@@ -142,6 +143,10 @@ type Dispatcher struct {
 	// retryLog is d's logger sampled to failLinesPerSecond lines a second,
 	// for the failures that will be retried
 	retryLog zerolog.Logger
+	// probeLog is d's logger sampled to one line each probeLogEvery, for
+	// the probes that fail: while the receiver is down, one line says so
+	// now and then, instead of a line a probe
+	probeLog zerolog.Logger
 	store    DispatchStore
 	paused   atomic.Bool // as the last claim of any loop found it: logs once per change
 	// failStreak counts the POSTs failed since the last that succeeded;
@@ -216,7 +221,8 @@ func NewDispatcher(cfg DispatchConfig, d *Deliverer, store DispatchStore) *Dispa
 		// a receiver that is down fails every event, retried every few
 		// seconds: a line each was thousands a second, which buried
 		// everything else; stepcollect_deliveries_total counts them all
-		retryLog: d.logger.Sample(&zerolog.BurstSampler{Burst: failLinesPerSecond, Period: time.Second})}
+		retryLog: d.logger.Sample(&zerolog.BurstSampler{Burst: failLinesPerSecond, Period: time.Second}),
+		probeLog: d.logger.Sample(&zerolog.BurstSampler{Burst: 1, Period: probeLogEvery})}
 }
 
 type leasedEvent struct {
@@ -494,6 +500,11 @@ func (p *Dispatcher) start(ctx context.Context, ev *storage.OutboxEvent, ended f
 		retryAt := time.Now().Add(p.backoff(ev.Attempts))
 		if ferr := p.store.FailEvent(ctx, ev.OutboxRef, err.Error(), retryAt); ferr != nil {
 			p.d.logger.Warn().Err(ferr).Int64(logkeys.OutboxID, ev.ID).Msg("recording the failed delivery; its lease lapses instead")
+		}
+		if down := p.downStreak.Load(); down > brakeAfter {
+			p.probeLog.Warn().Err(err).Int64("unanswered_in_a_row", down).Stringer("probe_every", probeEvery).
+				Msg("the receiver still fails; probing one event at a time (one such line each 30 s)")
+			return
 		}
 		p.retryLog.Warn().Err(err).Int64(logkeys.OutboxID, ev.ID).Str(logkeys.EventID, ev.EventID).Str(logkeys.EventType, ev.Type).
 			Int(logkeys.Attempt, ev.Attempts).Time("retry_at", retryAt).Msg("delivery failed; will retry (at most 5 such lines a second per worker)")

@@ -493,8 +493,16 @@ func TestADownReceiverIsProbedNotSentEveryPendingEvent(t *testing.T) {
 	})
 	time.Sleep(time.Second) // the POSTs in flight when it began end
 	before := rcv.Stats().Refused
+	linesBefore := strings.Count(logs.String(), "will retry")
 	const window = 3 * time.Second
 	time.Sleep(window)
+	// while it probes, no line a failed probe: one now and then says so
+	if n := strings.Count(logs.String(), "will retry") - linesBefore; n > 0 {
+		t.Errorf("%d \"will retry\" lines while probing, want none (the probing lines say it)", n)
+	}
+	if n := strings.Count(logs.String(), "the receiver still fails"); n < 1 || n > 2 {
+		t.Errorf("%d \"still fails\" lines in the first seconds of probing, want one (then one each 30 s)", n)
+	}
 	// 4 probes a second; a worker without the brake sent each of the 1000
 	// events about once a second (the 1 s cap, jittered), thousands
 	tries := rcv.Stats().Refused - before
