@@ -526,7 +526,7 @@ func (p *Dispatcher) kick(ctx context.Context) {
 		p.d.logger.Warn().Err(err).Msg("the receiver answers again; ending the failed events' backoffs failed, they wait them out")
 		return
 	}
-	p.d.logger.Info().Int64(logkeys.Count, n).Msg("the receiver answers again after a run of failures: the events that failed meanwhile are due now")
+	p.d.logger.Info().Int64(logkeys.Count, n).Msg("the receiver answers again after a run of failures: the events waiting out a backoff (count) are due now; the others were due already")
 }
 
 // release ends refs' deliveries, acknowledged (deleted from the outbox) or
