@@ -90,7 +90,7 @@ func TestEveryCompletionIsDeliveredSignedAndADedupingReceiverSeesExactlyN(t *tes
 	})
 	got := rcv.Events()
 	for _, id := range ids {
-		ev, ok := got[events.ID(events.StepCompleted, stepID, id)]
+		ev, ok := got[testkit.EventID(t, s.db.DB, events.StepCompleted, stepID, id)]
 		if !ok || ev.Type != events.StepCompleted || len(ev.Step.IDs) != 1 || ev.Step.IDs[0] != id ||
 			!bytes.Contains(ev.Step.Commands[0].Result, []byte(id)) {
 			t.Errorf("%s: event %+v", id, ev)
@@ -176,11 +176,11 @@ func TestTimeoutsAndDueStepsAreDeliveredAsEvents(t *testing.T) {
 	rcv.Check(t)
 	got := rcv.Events()
 	for _, id := range tids {
-		if ev, ok := got[events.ID(events.StepTimedOut, tStep, id)]; !ok || ev.Type != events.StepTimedOut || ev.Step.Commands[0].Completed {
+		if ev, ok := got[testkit.EventID(t, s.db.DB, events.StepTimedOut, tStep, id)]; !ok || ev.Type != events.StepTimedOut || ev.Step.Commands[0].Completed {
 			t.Errorf("%s: timed-out event %+v", id, ev)
 		}
 	}
-	ev, ok := got[events.ID(events.StepDue, dStep, "")]
+	ev, ok := got[testkit.EventID(t, s.db.DB, events.StepDue, dStep, "")]
 	if !ok || len(ev.Step.IDs) != len(dids) || string(ev.Step.Commands[0].Command) != "<plist/>" {
 		t.Errorf("due event %+v", ev)
 	}

@@ -120,7 +120,7 @@ func Example_receiver() {
 	srv := httptest.NewServer(&Receiver{Key: key})
 	defer srv.Close()
 
-	ev := events.FromStepResult(events.StepCompleted, 42, &nanostorage.StepResult{
+	ev := events.FromStepResult(1, events.StepCompleted, 42, &nanostorage.StepResult{
 		StepContext: nanostorage.StepContext{WorkflowName: "io.example.inventory", InstanceID: "run-1", Name: "query"},
 		IDs:         []string{"DEV-1"},
 		Commands:    []nanostorage.StepCommandResult{{CommandUUID: "U-1", RequestType: "DeviceInformation", Completed: true, ResultReport: []byte("<plist/>")}},
@@ -149,7 +149,7 @@ func Example_receiver() {
 	resp.Body.Close()
 	fmt.Println("signed with another key:", resp.Status)
 	// Output:
-	// 48fbddf4b479416fe8520b12f67fe57c: step.completed step "query" of run-1 for [DEV-1], 1 command(s)
-	// again: 48fbddf4b479416fe8520b12f67fe57c (acknowledged, not handled twice)
+	// 99a5f384d58d7206da8270f83e2fd535: step.completed step "query" of run-1 for [DEV-1], 1 command(s)
+	// again: 99a5f384d58d7206da8270f83e2fd535 (acknowledged, not handled twice)
 	// signed with another key: 401 Unauthorized
 }

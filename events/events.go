@@ -5,6 +5,7 @@ package events
 
 import (
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"strconv"
 	"time"
@@ -26,8 +27,9 @@ const (
 // Event is one callback body.
 type Event struct {
 	// EventID is stable and unique: the same on every delivery attempt, and
-	// derived from what the event is about, so the state change that writes
-	// it can never write it twice.
+	// derived from what the event is about and the database's salt (ID), so
+	// the state change that writes it can never write it twice, and another
+	// database's event about a step of the same id never shares it.
 	EventID   string    `json:"event_id"`
 	Type      string    `json:"type"`
 	CreatedAt time.Time `json:"created_at"`
@@ -55,10 +57,22 @@ type Command struct {
 	Command     []byte `json:"command,omitempty"` // step.due: the raw command to send (base64)
 }
 
+// Salt is a database's own random value that every event id it writes
+// depends on (the storage keeps it in the database: docs/reference.md,
+// "Events to the workflow engine"). Step ids are a database's
+// AUTO_INCREMENT: a second deployment, or a database made anew, numbers its
+// steps from 1 again, and a workflow engine that deduplicates on event_id
+// would drop their events as already seen.
+type Salt uint64
+
 // ID derives the event id of an event of type typ about step stepID and, for
-// per-enrollment events, enrollment (empty otherwise).
-func ID(typ string, stepID int64, enrollment string) string {
+// per-enrollment events, enrollment (empty otherwise), in the database
+// salted salt.
+func ID(salt Salt, typ string, stepID int64, enrollment string) string {
 	h := sha256.New()
+	var b [8]byte
+	binary.BigEndian.PutUint64(b[:], uint64(salt))
+	h.Write(b[:])
 	h.Write([]byte(typ))
 	h.Write([]byte{0})
 	h.Write([]byte(strconv.FormatInt(stepID, 10)))
@@ -68,14 +82,15 @@ func ID(typ string, stepID int64, enrollment string) string {
 }
 
 // FromStepResult builds a per-enrollment event (step.completed or
-// step.timed_out) from NanoCMD's step result for stepID.
-func FromStepResult(typ string, stepID int64, r *nanostorage.StepResult, at time.Time) *Event {
+// step.timed_out) from NanoCMD's step result for stepID, in the database
+// salted salt.
+func FromStepResult(salt Salt, typ string, stepID int64, r *nanostorage.StepResult, at time.Time) *Event {
 	enrollment := ""
 	if len(r.IDs) == 1 {
 		enrollment = r.IDs[0]
 	}
 	ev := &Event{
-		EventID:   ID(typ, stepID, enrollment),
+		EventID:   ID(salt, typ, stepID, enrollment),
 		Type:      typ,
 		CreatedAt: at.UTC(),
 		Step: Step{
@@ -92,10 +107,10 @@ func FromStepResult(typ string, stepID int64, r *nanostorage.StepResult, at time
 }
 
 // Due builds the step.due event of step stepID: all its enrollments, and
-// the raw commands to send to them now.
-func Due(stepID int64, se *nanostorage.StepEnqueueing, at time.Time) *Event {
+// the raw commands to send to them now, in the database salted salt.
+func Due(salt Salt, stepID int64, se *nanostorage.StepEnqueueing, at time.Time) *Event {
 	ev := &Event{
-		EventID:   ID(StepDue, stepID, ""),
+		EventID:   ID(salt, StepDue, stepID, ""),
 		Type:      StepDue,
 		CreatedAt: at.UTC(),
 		Step: Step{

@@ -14,6 +14,7 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 
+	"github.com/stepcollect/stepcollect/events"
 	stepmysql "github.com/stepcollect/stepcollect/storage/mysql"
 )
 
@@ -216,4 +217,15 @@ func Column[T any](t testing.TB, db *sql.DB, query string, args ...any) []T {
 func OutboxRows(t testing.TB, db *sql.DB) int {
 	t.Helper()
 	return Count(t, db, `SELECT COUNT(*) FROM stepcollect_outbox`)
+}
+
+// EventID is the id of the event of type typ about stepID and enrollment
+// that the storage on db writes: in that database's salt.
+func EventID(t testing.TB, db *sql.DB, typ string, stepID int64, enrollment string) string {
+	t.Helper()
+	salt, err := stepmysql.EventIDSalt(context.Background(), db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return events.ID(salt, typ, stepID, enrollment)
 }

@@ -28,7 +28,7 @@ func post(t *testing.T, r *Receiver, ev events.Event) {
 }
 
 func completion(stepID int64, enrollment string) events.Event {
-	return events.Event{EventID: events.ID(events.StepCompleted, stepID, enrollment), Type: events.StepCompleted,
+	return events.Event{EventID: events.ID(1, events.StepCompleted, stepID, enrollment), Type: events.StepCompleted,
 		Step: events.Step{StepID: stepID, IDs: []string{enrollment}}}
 }
 
@@ -41,7 +41,7 @@ func TestReceiverCompletions(t *testing.T) {
 	post(t, r, completion(1, "A"))
 	post(t, r, completion(1, "A")) // a redelivery
 	post(t, r, completion(1, "B"))
-	post(t, r, events.Event{EventID: events.ID(events.StepDue, 2, ""), Type: events.StepDue, Step: events.Step{StepID: 2}})
+	post(t, r, events.Event{EventID: events.ID(1, events.StepDue, 2, ""), Type: events.StepDue, Step: events.Step{StepID: 2}})
 
 	posts, distinct, last := r.Completions()
 	if posts != 3 || distinct != 2 {

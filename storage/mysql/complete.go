@@ -54,6 +54,15 @@ func (s *Storage) StoreCommandResponseAndRetrieveCompletedStep(ctx context.Conte
 		return nil, s.storeNotNow(ctx, id, sc.CommandUUID)
 	}
 	c := &completion{s: s, id: id, sc: sc}
+	if s.outbox {
+		// Read once a process (eventSalt), before any connection is taken
+		// for the transaction.
+		salt, err := s.eventSalt(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("storing result (enrollment %s, command %s): %w", id, sc.CommandUUID, err)
+		}
+		c.salt = salt
+	}
 	start := time.Now()
 	var err error
 	if s.twoTrips {
@@ -94,6 +103,9 @@ type completion struct {
 	s  *Storage
 	id string
 	sc *nanostorage.StepCommandResult
+	// salt is the database's event id salt (with the outbox), read before
+	// the first try: every try writes, and looks for, the same event id.
+	salt events.Salt
 
 	// what the current try found; each try starts from empty
 	ret    *nanostorage.StepResult
@@ -179,7 +191,7 @@ func (c *completion) lock(ctx context.Context, tx txn, a *attempt) (rows []idCom
 // that try wrote tells which. Otherwise the command is not one of ours.
 func (c *completion) rowsGone(ctx context.Context, tx txn, a *attempt) error {
 	if a.ambiguousCommit && c.prev != nil {
-		committed, err := c.s.completionCommitted(ctx, tx, c.prevStepID, c.id)
+		committed, err := c.s.completionCommitted(ctx, tx, c.salt, c.prevStepID, c.id)
 		if err != nil {
 			return err
 		}
@@ -274,7 +286,7 @@ func (c *completion) release(ctx context.Context, tx txn, ret *nanostorage.StepR
 // step.completed, or its receipt (WithReceipts).
 func (c *completion) writeEvidence(ctx context.Context, tx txn, ret *nanostorage.StepResult) error {
 	if c.s.outbox {
-		ev := events.FromStepResult(events.StepCompleted, c.stepID, ret, time.Now())
+		ev := events.FromStepResult(c.salt, events.StepCompleted, c.stepID, ret, time.Now())
 		row, err := c.s.outboxRow(ev, c.id)
 		if err != nil {
 			return err
@@ -324,8 +336,8 @@ func (c *completion) finish(ctx context.Context, err error) (*nanostorage.StepRe
 // deterministic id and is written in the same transaction, so its presence
 // is the proof. Without either nothing can prove it either way, and the
 // caller gets an error rather than a guess.
-func (s *Storage) completionCommitted(ctx context.Context, tx txn, stepID int64, id string) (bool, error) {
-	eventID := events.ID(events.StepCompleted, stepID, id)
+func (s *Storage) completionCommitted(ctx context.Context, tx txn, salt events.Salt, stepID int64, id string) (bool, error) {
+	eventID := events.ID(salt, events.StepCompleted, stepID, id)
 	var row *sql.Row
 	switch {
 	case s.receipts:

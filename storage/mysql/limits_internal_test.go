@@ -31,7 +31,7 @@ func TestAnEventsSizeBoundIsNeverBelowItsEscapedJSON(t *testing.T) {
 				r.Commands = append(r.Commands, nanostorage.StepCommandResult{CommandUUID: uuid, RequestType: name, Completed: true, ResultReport: blob})
 				bound.command(uuid, name, len(blob))
 			}
-			ev := events.FromStepResult(events.StepTimedOut, 1<<62, r, at)
+			ev := events.FromStepResult(1<<59, events.StepTimedOut, 1<<62, r, at)
 			payload, err := json.Marshal(ev)
 			if err != nil {
 				t.Fatal(err)

@@ -31,12 +31,14 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
 	"github.com/rs/zerolog"
 
+	"github.com/stepcollect/stepcollect/events"
 	"github.com/stepcollect/stepcollect/storage"
 )
 
@@ -75,6 +77,10 @@ type Storage struct {
 
 	// claims is where this process's event claims start (claimstart.go).
 	claims claimStart
+
+	// salt is the database's event id salt once read (eventSalt).
+	salt   atomic.Pointer[events.Salt]
+	saltMu sync.Mutex
 
 	// results holds a token for each result in a transaction now
 	// (WithMaxActiveResults); nil: no bound but the pool's.

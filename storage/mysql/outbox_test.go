@@ -63,7 +63,7 @@ func TestEveryCompletionWritesExactlyOneEventWithItsResults(t *testing.T) {
 	for _, id := range step.IDs {
 		ev := got[id]
 		if ev.Type != events.StepCompleted || ev.Step.StepID != stepID || ev.Step.WorkflowName != step.WorkflowName ||
-			ev.EventID != events.ID(events.StepCompleted, stepID, id) || string(ev.Step.Context) != string(step.Context) {
+			ev.EventID != testkit.EventID(t, b.db.DB, events.StepCompleted, stepID, id) || string(ev.Step.Context) != string(step.Context) {
 			t.Errorf("%s: event %+v", id, ev)
 		}
 		if len(ev.Step.Commands) != 2 {
@@ -127,7 +127,7 @@ func TestTimeOutStepsWritesOneEventPerEnrollmentAsItStood(t *testing.T) {
 	got := outboxEvents(t, b)
 	for _, id := range step.IDs[1:] {
 		ev, ok := got[id]
-		if !ok || ev.Type != events.StepTimedOut || ev.Step.StepID != stepID || ev.EventID != events.ID(events.StepTimedOut, stepID, id) {
+		if !ok || ev.Type != events.StepTimedOut || ev.Step.StepID != stepID || ev.EventID != testkit.EventID(t, b.db.DB, events.StepTimedOut, stepID, id) {
 			t.Fatalf("%s: %+v", id, ev)
 		}
 		done := 0

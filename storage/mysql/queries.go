@@ -418,6 +418,11 @@ ON DUPLICATE KEY UPDATE value = x.v, updated_at = CURRENT_TIMESTAMP(6)`
 	qGetQueueNamespace    = `SELECT queue_namespace FROM stepcollect_deployment WHERE id = 1`
 	qEnsureQueueNamespace = `INSERT IGNORE INTO stepcollect_deployment (id, queue_namespace) VALUES (1, LEFT(SHA2(UUID(), 256), 16))`
 
+	// The deployment's event id salt (EventIDSalt, migration 16). Set only
+	// where there is none, so the first writer's value wins.
+	qGetEventIDSalt    = `SELECT event_id_salt FROM stepcollect_deployment WHERE id = 1`
+	qEnsureEventIDSalt = `UPDATE stepcollect_deployment SET event_id_salt = ? WHERE id = 1 AND event_id_salt IS NULL`
+
 	// Which server answers (ServerIdentity): host, port and server_id
 	// tell a promoted replica, or another Galera node, from the server
 	// before it on both kinds (MariaDB has no server_uuid).

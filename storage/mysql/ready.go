@@ -104,6 +104,9 @@ func CheckSchema(ctx context.Context, db *sql.DB) error {
 // errNoSuchTable is "Table … doesn't exist".
 const errNoSuchTable = 1146
 
+// errBadField is "Unknown column": a schema older than the column read.
+const errBadField = 1054
+
 // embeddedLatest is the highest version among the embedded migrations,
 // read from their names (00014_….sql) as goose reads them.
 var embeddedLatest = sync.OnceValues(func() (int64, error) {

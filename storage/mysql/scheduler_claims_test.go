@@ -33,20 +33,20 @@ func TestSchedulerClaimsLockOnlyTheStepsThatAreDue(t *testing.T) {
 	now := time.Now().Truncate(time.Second).Add(123456789 * time.Nanosecond)
 	cases := []struct {
 		name  string
-		event func(stepID int64) string
+		event func(salt events.Salt, stepID int64) string
 		run   func(ctx context.Context, b *bundle) (int, error)
 		set   func(step *nanostorage.StepEnqueuingWithConfig)
 	}{
 		{
 			name:  "due steps",
-			event: func(id int64) string { return events.ID(events.StepDue, id, "") },
+			event: func(salt events.Salt, id int64) string { return events.ID(salt, events.StepDue, id, "") },
 			run:   func(ctx context.Context, b *bundle) (int, error) { return b.store.SendDueSteps(ctx, now) },
 			set:   func(s *nanostorage.StepEnqueuingWithConfig) { s.NotUntil = now.Add(-time.Minute) },
 		},
 		{
 			name: "timed-out steps",
-			event: func(id int64) string {
-				return events.ID(events.StepTimedOut, id, testkit.EnrollmentID("sched-lock", 0))
+			event: func(salt events.Salt, id int64) string {
+				return events.ID(salt, events.StepTimedOut, id, testkit.EnrollmentID("sched-lock", 0))
 			},
 			run: func(ctx context.Context, b *bundle) (int, error) { return b.store.TimeOutSteps(ctx, now) },
 			set: func(s *nanostorage.StepEnqueuingWithConfig) { s.Timeout = now.Add(-time.Minute) },
@@ -70,6 +70,10 @@ func TestSchedulerClaimsLockOnlyTheStepsThatAreDue(t *testing.T) {
 			if err := b.db.QueryRow(`SELECT id FROM steps`).Scan(&dueID); err != nil {
 				t.Fatal(err)
 			}
+			salt, err := mysql.EventIDSalt(ctx, b.db.DB)
+			if err != nil {
+				t.Fatal(err)
+			}
 			idle := insertIdleSteps(t, b.db.DB, 2000)
 			// Statistics as a server keeps them on its own (it recalculates
 			// them after 10% of a table changed): with them, and a literal
@@ -90,7 +94,7 @@ func TestSchedulerClaimsLockOnlyTheStepsThatAreDue(t *testing.T) {
 				t.Fatal(err)
 			}
 			if _, err := blocker.Exec(`INSERT INTO stepcollect_outbox (event_id, event_type, step_id, payload) VALUES (?, 'test.blocker', ?, '{}')`,
-				tc.event(dueID), dueID); err != nil {
+				tc.event(salt, dueID), dueID); err != nil {
 				t.Fatal(err)
 			}
 

@@ -28,7 +28,7 @@ func TestAFailedSecondRoundTripLeavesNothingHalfWritten(t *testing.T) {
 		t.Fatal(err)
 	}
 	if _, err := db.Exec(`INSERT INTO stepcollect_outbox (event_id, event_type, step_id, payload) VALUES (?, 'test.taken', ?, '{}')`,
-		events.ID(events.StepCompleted, stepID, step.IDs[0]), stepID); err != nil {
+		testkit.EventID(t, db.DB, events.StepCompleted, stepID, step.IDs[0]), stepID); err != nil {
 		t.Fatal(err)
 	}
 

@@ -42,11 +42,15 @@ func (s *Storage) SendDueSteps(ctx context.Context, now time.Time) (int, error) 
 	if err := scheduleOwnedElsewhere(ctx, s.db); err != nil {
 		return 0, err
 	}
+	salt, err := s.eventSalt(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("sending due steps: %w", err)
+	}
 	refs, err := dueSteps(ctx, s, now, func(ctx context.Context, tx *sql.Tx, stepID int64, se *nanostorage.StepEnqueueing) (storage.OutboxRef, error) {
 		if err := scheduleOwnedElsewhere(ctx, tx); err != nil {
 			return storage.OutboxRef{}, err
 		}
-		return s.insertEvent(ctx, tx, events.Due(stepID, se, now), "")
+		return s.insertEvent(ctx, tx, events.Due(salt, stepID, se, now), "")
 	})
 	return len(refs), err
 }
@@ -175,11 +179,15 @@ func (s *Storage) TimeOutSteps(ctx context.Context, now time.Time) (int, error) 
 	if err := scheduleOwnedElsewhere(ctx, s.db); err != nil {
 		return 0, err
 	}
+	salt, err := s.eventSalt(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("timing out steps: %w", err)
+	}
 	refs, err := timedOutSteps(ctx, s, now, func(ctx context.Context, tx *sql.Tx, stepID int64, r *nanostorage.StepResult) (storage.OutboxRef, error) {
 		if err := scheduleOwnedElsewhere(ctx, tx); err != nil {
 			return storage.OutboxRef{}, err
 		}
-		return s.insertEvent(ctx, tx, events.FromStepResult(events.StepTimedOut, stepID, r, now), r.IDs[0])
+		return s.insertEvent(ctx, tx, events.FromStepResult(salt, events.StepTimedOut, stepID, r, now), r.IDs[0])
 	})
 	return len(refs), err
 }
