@@ -27,7 +27,7 @@ type EventStore interface {
 }
 
 func (s *Server) registerOperatorEvents() {
-	s.handle("GET /v1/events", "list_events", s.auth(s.listEvents))
+	s.handle("GET /v1/events", "list_events", s.auth(takes(s.listEvents, "state", "limit", "after")))
 	s.handle("POST /v1/events/{event_id}/deliver", "deliver_event", s.auth(s.deliverEvent))
 	s.handle("GET /v1/delivery", "delivery_state", s.auth(s.deliveryState))
 	s.handle("POST /v1/delivery/pause", "pause_delivery", s.auth(s.setDelivery(true)))

@@ -115,9 +115,25 @@ func TestOperatorEndpointsRefuseBadInputNamingTheField(t *testing.T) {
 		{"DELETE", "/v1/steps", "workflow_name"},
 		{"DELETE", "/v1/steps?workflow_name=wf.bad", "instance_id"},
 		{"DELETE", "/v1/steps?instance_id=wf.bad-1", "workflow_name"},
+		// each parameter at most once, and none the endpoint does not take:
+		// a misspelt filter on a cancel would cancel everything
+		{"GET", "/v1/steps?workflow_name=wf.bad&workflow_name=wf.other", "workflow_name: given 2 times"},
+		{"GET", "/v1/steps?workflow=wf.bad", "workflow: not a parameter of GET /v1/steps (it takes workflow_name, instance_id, older_than, limit and after)"},
+		{"GET", fmt.Sprintf("/v1/steps/%d/outstanding?limit=1&limit=2", id), "limit: given 2 times"},
+		{"GET", fmt.Sprintf("/v1/steps/%d/outstanding?state=held", id), "state: not a parameter of GET /v1/steps/{step_id}/outstanding"},
+		{"GET", "/v1/events?state=held&state=failing", "state: given 2 times"},
+		{"GET", "/v1/events?status=held", "status: not a parameter of GET /v1/events (it takes state, limit and after)"},
+		{"DELETE", "/v1/enrollments/E1/steps?workflow=wf.bad", "workflow: not a parameter of DELETE /v1/enrollments/{id}/steps (it takes workflow_name)"},
+		{"DELETE", "/v1/enrollments/E1/steps?workflow_name=wf.bad&workflow_name=wf.other", "workflow_name: given 2 times"},
+		{"DELETE", "/v1/steps?workflow_name=wf.bad&instance_id=wf.bad-1&instance_id=x", "instance_id: given 2 times"},
+		{"DELETE", "/v1/steps?workflow_name=wf.bad&instance=wf.bad-1", "instance: not a parameter"},
 	} {
 		status, body := b.client.V1(t, c.method, c.path, nil)
 		wantError(t, c.method+" "+c.path, status, body, http.StatusBadRequest, c.names)
+	}
+	// none of the refused cancels cancelled anything
+	if status, body := b.client.V1(t, "GET", fmt.Sprintf("/v1/steps/%d", id), nil); status != http.StatusOK || body["outstanding_ids"] != float64(1) {
+		t.Errorf("the step after the refused cancels: %d %v, want it outstanding for E1", status, body)
 	}
 	for _, c := range []struct{ method, path string }{
 		{"GET", fmt.Sprintf("/v1/steps/%d/outstanding", id+100)},
