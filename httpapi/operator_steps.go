@@ -67,7 +67,11 @@ func (s *Server) listSteps(w http.ResponseWriter, r *http.Request) {
 	}
 	if more {
 		last := steps[len(steps)-1]
-		out.Next = encodeCursor(fmt.Sprintf("%d.%d", last.CreatedAt.UnixMicro(), last.StepID))
+		at := "n" // a step without a creation time: those come first
+		if last.CreatedAt != nil {
+			at = strconv.FormatInt(last.CreatedAt.UnixMicro(), 10)
+		}
+		out.Next = encodeCursor(at + "." + strconv.FormatInt(last.StepID, 10))
 	}
 	writeJSON(w, http.StatusOK, out)
 }
@@ -197,10 +201,17 @@ func decodeStepCursor(v string) (*storage.StepCursor, error) {
 	if !ok {
 		return nil, bad
 	}
-	t, err1 := strconv.ParseInt(us, 10, 64)
-	n, err2 := strconv.ParseInt(id, 10, 64)
-	if err1 != nil || err2 != nil || n < 1 || t < 0 {
+	n, err := strconv.ParseInt(id, 10, 64)
+	if err != nil || n < 1 {
 		return nil, bad
 	}
-	return &storage.StepCursor{CreatedAt: time.UnixMicro(t).UTC(), ID: n}, nil
+	if us == "n" {
+		return &storage.StepCursor{ID: n}, nil
+	}
+	t, err := strconv.ParseInt(us, 10, 64)
+	if err != nil || t < 0 {
+		return nil, bad
+	}
+	at := time.UnixMicro(t).UTC()
+	return &storage.StepCursor{CreatedAt: &at, ID: n}, nil
 }

@@ -94,6 +94,49 @@ func TestListStepsPagesOldestFirstWithCountsAndFilters(t *testing.T) {
 	}
 }
 
+// A steps row without a creation time (written by hand, or by a tool
+// that set the column to NULL) is listed and read like any other, its
+// created_at null, instead of failing the whole list as "storage
+// unavailable"; paging takes those first, by id, then the rest, each
+// once.
+func TestStepsWithoutACreationTimeAreListedAndPagedOnce(t *testing.T) {
+	b := setup(t, nil)
+	var ids []int64
+	for i := range 5 {
+		ids = append(ids, b.enqueue(t, "wf.null", []string{fmt.Sprintf("E%d", i)}, fmt.Sprintf("U-%d", i)))
+	}
+	b.db.Exec(`UPDATE steps SET created_at = NULL WHERE id IN (?, ?)`, ids[1], ids[3])
+
+	var order []int64
+	path := "/v1/steps?limit=1"
+	for range 10 {
+		status, body := b.client.V1(t, "GET", path, nil)
+		if status != http.StatusOK {
+			t.Fatalf("GET %s: %d %v", path, status, body)
+		}
+		for _, v := range body["steps"].([]any) {
+			st := v.(map[string]any)
+			id := int64(st["step_id"].(float64))
+			order = append(order, id)
+			if nullTime := id == ids[1] || id == ids[3]; nullTime != (st["created_at"] == nil) {
+				t.Errorf("step %d: created_at %v", id, st["created_at"])
+			}
+		}
+		next, _ := body["next"].(string)
+		if next == "" {
+			break
+		}
+		path = "/v1/steps?limit=1&after=" + url.QueryEscape(next)
+	}
+	if want := []int64{ids[1], ids[3], ids[0], ids[2], ids[4]}; fmt.Sprint(order) != fmt.Sprint(want) {
+		t.Errorf("listed %v one a page, want %v (those without a creation time first)", order, want)
+	}
+	status, body := b.client.V1(t, "GET", fmt.Sprintf("/v1/steps/%d", ids[1]), nil)
+	if v, ok := body["created_at"]; status != http.StatusOK || !ok || v != nil || body["outstanding_ids"] != float64(1) {
+		t.Errorf("GET /v1/steps/%d: %d %v, want 200 with created_at null", ids[1], status, body)
+	}
+}
+
 func TestOperatorEndpointsRefuseBadInputNamingTheField(t *testing.T) {
 	b := setup(t, nil)
 	id := b.enqueue(t, "wf.bad", []string{"E1"}, "U-1")

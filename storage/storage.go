@@ -140,12 +140,12 @@ type ScanPage struct {
 
 // StepStatus is what GET /v1/steps/{id} reports of a step that still exists.
 type StepStatus struct {
-	StepID         int64     `json:"step_id"`
-	WorkflowName   string    `json:"workflow_name"`
-	InstanceID     string    `json:"instance_id"`
-	StepName       string    `json:"step_name"`
-	CreatedAt      time.Time `json:"created_at"`
-	OutstandingIDs int       `json:"outstanding_ids"`
+	StepID         int64      `json:"step_id"`
+	WorkflowName   string     `json:"workflow_name"`
+	InstanceID     string     `json:"instance_id"`
+	StepName       string     `json:"step_name"`
+	CreatedAt      *time.Time `json:"created_at"` // nil: the row has none (StepSummary.CreatedAt)
+	OutstandingIDs int        `json:"outstanding_ids"`
 }
 
 // OutboxRef names one event in the outbox.

@@ -500,12 +500,16 @@ func (s *Storage) StepStatus(ctx context.Context, id int64) (*storage.StepStatus
 	defer cancel()
 	st := &storage.StepStatus{StepID: id}
 	var name sql.NullString
-	err := s.db.QueryRowContext(ctx, qStepStatus, id).Scan(&st.WorkflowName, &st.InstanceID, &name, &st.CreatedAt, &st.OutstandingIDs)
+	var created sql.NullTime
+	err := s.db.QueryRowContext(ctx, qStepStatus, id).Scan(&st.WorkflowName, &st.InstanceID, &name, &created, &st.OutstandingIDs)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, fmt.Errorf("step %d: %w", id, storage.ErrStepNotFound)
 	} else if err != nil {
 		return nil, fmt.Errorf("step status (step %d): %w", id, err)
 	}
 	st.StepName = name.String
+	if created.Valid {
+		st.CreatedAt = &created.Time
+	}
 	return st, nil
 }

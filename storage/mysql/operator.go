@@ -22,8 +22,13 @@ func (s *Storage) ListSteps(ctx context.Context, f storage.StepFilter) ([]storag
 	var q strings.Builder
 	q.WriteString(qListSteps)
 	var a []any
-	if f.After != nil {
-		t := dbTime(f.After.CreatedAt)
+	switch {
+	case f.After == nil:
+	case f.After.CreatedAt == nil:
+		q.WriteString(qListStepsAfterNoTime)
+		a = append(a, f.After.ID)
+	default:
+		t := dbTime(*f.After.CreatedAt)
 		q.WriteString(qListStepsAfter)
 		a = append(a, t, t, f.After.ID)
 	}
@@ -44,10 +49,13 @@ func (s *Storage) ListSteps(ctx context.Context, f storage.StepFilter) ([]storag
 	out, err := queryList(ctx, s.db, q.String(), a, func(rs *sql.Rows) (storage.StepSummary, error) {
 		var st storage.StepSummary
 		var name sql.NullString
-		var notUntil, timeout sql.NullTime
+		var created, notUntil, timeout sql.NullTime
 		var ids sql.NullInt64
-		err := rs.Scan(&st.StepID, &st.WorkflowName, &st.InstanceID, &name, &st.CreatedAt, &notUntil, &timeout, &ids, &st.OutstandingIDs)
+		err := rs.Scan(&st.StepID, &st.WorkflowName, &st.InstanceID, &name, &created, &notUntil, &timeout, &ids, &st.OutstandingIDs)
 		st.StepName = name.String
+		if created.Valid {
+			st.CreatedAt = &created.Time
+		}
 		if notUntil.Valid {
 			st.NotUntil = &notUntil.Time
 		}

@@ -441,7 +441,10 @@ FROM steps s WHERE s.id = ?`
 SELECT s.id, s.workflow_name, s.instance_id, s.step_name, s.created_at, s.not_until, s.timeout, s.stepcollect_ids,
   (SELECT COUNT(DISTINCT c.enrollment_id) FROM id_commands c WHERE c.step_id = s.id)
 FROM steps s WHERE 1 = 1`
-	qListStepsAfter       = ` AND (s.created_at > ? OR (s.created_at = ? AND s.id > ?))`
+	qListStepsAfter = ` AND (s.created_at > ? OR (s.created_at = ? AND s.id > ?))`
+	// After a step without a creation time: ORDER BY puts NULL first, so
+	// the rest of those by id, then every step that has one.
+	qListStepsAfterNoTime = ` AND (s.created_at IS NOT NULL OR s.id > ?)`
 	qListStepsWorkflow    = ` AND s.workflow_name = ?`
 	qListStepsInstance    = ` AND s.instance_id = ?`
 	qListStepsOlderThan   = ` AND s.created_at <= TIMESTAMPADD(MICROSECOND, -?, CURRENT_TIMESTAMP)`

@@ -285,7 +285,7 @@ func TestStepStatusCountsOutstandingEnrollmentsUntilCollected(t *testing.T) {
 		t.Fatal(err)
 	}
 	st, err := b.store.StepStatus(ctx, id)
-	if err != nil || st.OutstandingIDs != 3 || st.WorkflowName != step.WorkflowName || st.StepName != "step" || st.CreatedAt.IsZero() {
+	if err != nil || st.OutstandingIDs != 3 || st.WorkflowName != step.WorkflowName || st.StepName != "step" || st.CreatedAt == nil || st.CreatedAt.IsZero() {
 		t.Fatalf("status %+v, %v", st, err)
 	}
 	for _, c := range step.Commands {
