@@ -142,3 +142,20 @@ func TestTheWorkerRePushesUnansweredEnrollmentsThroughThePushAPI(t *testing.T) {
 		t.Errorf("%d enrollments pushed, want the 70 old ones; requests not in NanoMDM's shape: %v", len(pushed), bad)
 	}
 }
+
+// -max-delivery-inflight: 256 by default, from the environment, at least 1.
+func TestMaxDeliveryInflightFlag(t *testing.T) {
+	env := func(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+	if cfg, _, err := app.ParseWorkerConfig(nil, env(nil)); err != nil || cfg.MaxDeliveryInflight != 256 {
+		t.Errorf("default: %d %v, want 256", cfg.MaxDeliveryInflight, err)
+	}
+	if cfg, _, err := app.ParseWorkerConfig(nil, env(map[string]string{"STEPCOLLECT_MAX_DELIVERY_INFLIGHT": "8"})); err != nil || cfg.MaxDeliveryInflight != 8 {
+		t.Errorf("from the environment: %d %v, want 8", cfg.MaxDeliveryInflight, err)
+	}
+	for _, v := range []string{"0", "-3", "many"} {
+		_, _, err := app.ParseWorkerConfig([]string{"-max-delivery-inflight", v}, env(nil))
+		if err == nil || !strings.Contains(err.Error(), "-max-delivery-inflight") || strings.Contains(err.Error(), "\n") {
+			t.Errorf("-max-delivery-inflight %s: %v, want one line naming the flag", v, err)
+		}
+	}
+}

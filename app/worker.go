@@ -49,6 +49,9 @@ type WorkerConfig struct {
 	// that often, or is that old, for an operator; 0: no limit.
 	MaxDeliveryAttempts int
 	MaxDeliveryAge      time.Duration
+	// MaxDeliveryInflight is the most POSTs to the receiver this worker has
+	// in flight at once (-max-delivery-inflight); 0: the default, 256.
+	MaxDeliveryInflight int
 	// PushURL is NanoMDM's push API (…/v1/push/), PushAPIKey its key;
 	// without a URL, or with RePushInterval 0, nothing is re-pushed.
 	PushURL        string
@@ -71,6 +74,8 @@ func ParseWorkerConfig(args []string, getenv func(string) string) (WorkerConfig,
 		"failed tries after which an event is held until an operator releases it (tries come 5-10s apart at the backoff cap: the default lasts 2.8-5.6 hours); 0: never")
 	maxAge := s.Duration("max-delivery-age", "STEPCOLLECT_MAX_DELIVERY_AGE", delivery.DefaultMaxDeliveryAge,
 		"age (since written or released) after which an event whose try fails is held until an operator releases it; 0: never")
+	inflight := s.Int("max-delivery-inflight", "STEPCOLLECT_MAX_DELIVERY_INFLIGHT", delivery.DefaultMaxInflight,
+		"the most POSTs to -callback-url this worker has in flight at once (and connections open to it); lower it for a receiver that cannot take as many, each worker replica adding its own")
 	pushURL := s.URL("push-url", "STEPCOLLECT_PUSH_URL", "",
 		"NanoMDM's push API (like http://nanomdm:9000/v1/push/), where enrollments that have not answered are re-pushed; none: no re-push")
 	pushKey := s.Secret("push-api-key", "STEPCOLLECT_PUSH_API_KEY", "NanoMDM's API key, sent as HTTP basic auth nanomdm:<key> to -push-url")
@@ -90,6 +95,9 @@ func ParseWorkerConfig(args []string, getenv func(string) string) (WorkerConfig,
 		if *maxAttempts < 0 {
 			return fmt.Errorf("-max-delivery-attempts: %d is negative (0 holds no event for its attempts)", *maxAttempts)
 		}
+		if *inflight < 1 {
+			return fmt.Errorf("-max-delivery-inflight: %d is less than 1", *inflight)
+		}
 		return nil
 	})
 	if err := s.Parse(args); err != nil {
@@ -100,7 +108,7 @@ func ParseWorkerConfig(args []string, getenv func(string) string) (WorkerConfig,
 		Concurrency: *conc, SweepInterval: *sweep, ScheduleInterval: *schedule, CallbackURL: *callback,
 		CallbackHMACKey: *callbackKey, LogLevel: *common.level, LogFormat: *common.format, MySQLMaxConns: *common.maxConns, MySQLTryTimeout: common.tryTimeoutConfig(),
 		ShutdownTimeout: 8 * time.Second, MaxDeliveryAttempts: *maxAttempts, MaxDeliveryAge: *maxAge,
-		PushURL: *pushURL, PushAPIKey: *pushKey, RePushInterval: *repush,
+		MaxDeliveryInflight: *inflight, PushURL: *pushURL, PushAPIKey: *pushKey, RePushInterval: *repush,
 	}, s, nil
 }
 
@@ -164,7 +172,7 @@ func NewWorker(ctx context.Context, cfg WorkerConfig, logger zerolog.Logger) (*W
 	deliverer := delivery.New(delivery.Config{URL: cfg.CallbackURL, HMACKey: []byte(cfg.CallbackHMACKey)},
 		m.Delivery, logger.With().Str("component", "delivery").Logger())
 	w.dispatcher = delivery.NewDispatcher(delivery.DispatchConfig{Drain: cfg.ShutdownTimeout,
-		MaxAttempts: cfg.MaxDeliveryAttempts, MaxAge: cfg.MaxDeliveryAge}, deliverer, store)
+		MaxAttempts: cfg.MaxDeliveryAttempts, MaxAge: cfg.MaxDeliveryAge, MaxInflight: cfg.MaxDeliveryInflight}, deliverer, store)
 
 	hm := http.NewServeMux()
 	hm.Handle("GET /metrics", promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{Registry: m.Registry}))
@@ -211,7 +219,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		Str("collect_queue", w.ns.Names().Collect).
 		Stringer("sweep_interval", w.cfg.SweepInterval).Stringer("schedule_interval", w.cfg.ScheduleInterval).
 		Str("callback_url", callback).Int("max_delivery_attempts", w.cfg.MaxDeliveryAttempts).
-		Str("max_delivery_age", w.cfg.MaxDeliveryAge.String()).Str("push_url", push).
+		Str("max_delivery_age", w.cfg.MaxDeliveryAge.String()).Int("max_delivery_inflight", w.dispatcher.MaxInflight()).Str("push_url", push).
 		Str("repush_interval", w.cfg.RePushInterval.String()).Msg("worker started")
 
 	var err error

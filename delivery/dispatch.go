@@ -101,11 +101,14 @@ const straggle = time.Second
 type DispatchConfig struct {
 	// Loops is how many loops claim events at once. Default 4.
 	Loops int
-	// Batch is the most events one claim takes. Default 64. A worker has
-	// at most Loops × Batch POSTs in flight: a loop claims as many events
-	// as there are free places, so a POST that hangs holds its own place
-	// and no other event.
+	// Batch is the most events one claim takes. Default 64.
 	Batch int
+	// MaxInflight is the most POSTs the worker has in flight at once (its
+	// places): a loop claims as many events as there are free places, so a
+	// POST that hangs holds its own place and no other event. Default
+	// Loops × Batch (256); less spares a receiver that cannot take as many
+	// at once (-max-delivery-inflight).
+	MaxInflight int
 	// PollInterval is how long an idle loop waits before looking again.
 	// Default 100ms: the delivery latency of a quiet system.
 	PollInterval time.Duration
@@ -128,7 +131,7 @@ type DispatchConfig struct {
 
 // Dispatcher delivers the outbox by polling it: each loop claims a batch of
 // events nobody is delivering (FOR UPDATE SKIP LOCKED, then a lease), up to
-// the places free among Loops × Batch POSTs, and starts their POSTs; each
+// the places free among MaxInflight POSTs, and starts their POSTs; each
 // event is acknowledged as its POST succeeds, or given a backoff, and frees
 // its place. A loop waits for the POSTs it started for at most straggle:
 // one that waited for its whole batch held every event claimed after it
@@ -177,12 +180,12 @@ type Dispatcher struct {
 	acked  map[int64]time.Time
 	claims map[int]time.Time // each loop's claim in progress, since when
 
-	// posts runs every POST on one of Loops × Batch goroutines that live
+	// posts runs every POST on one of MaxInflight goroutines that live
 	// as long as Run: a goroutine started for each POST grew its stack
 	// through net/http's client every time (a sixth of the worker's CPU
 	// in a burst, docs/bench/posters-2026-12-04).
 	posts chan func()
-	// places are the POSTs that may start, Loops × Batch in all.
+	// places are the POSTs that may start, MaxInflight in all.
 	places *places
 	// leased is every event posted or being acknowledged, with when its
 	// lease was last taken or renewed: the renewer keeps their leases.
@@ -194,6 +197,13 @@ type Dispatcher struct {
 	abandoned atomic.Int64   // POSTs cut short by a stop
 }
 
+// DefaultMaxInflight is DispatchConfig.MaxInflight's default with the
+// default Loops and Batch: the worker's -max-delivery-inflight.
+const DefaultMaxInflight = 4 * 64
+
+// MaxInflight is the most POSTs p has in flight at once.
+func (p *Dispatcher) MaxInflight() int { return p.cfg.MaxInflight }
+
 // NewDispatcher returns a Dispatcher posting through d.
 func NewDispatcher(cfg DispatchConfig, d *Deliverer, store DispatchStore) *Dispatcher {
 	if cfg.Loops <= 0 {
@@ -202,6 +212,11 @@ func NewDispatcher(cfg DispatchConfig, d *Deliverer, store DispatchStore) *Dispa
 	if cfg.Batch <= 0 {
 		cfg.Batch = 64
 	}
+	if cfg.MaxInflight <= 0 {
+		cfg.MaxInflight = cfg.Loops * cfg.Batch
+	}
+	// a claim takes no more events than there are places
+	cfg.Batch = min(cfg.Batch, cfg.MaxInflight)
 	if cfg.PollInterval <= 0 {
 		cfg.PollInterval = 100 * time.Millisecond
 	}
@@ -214,10 +229,10 @@ func NewDispatcher(cfg DispatchConfig, d *Deliverer, store DispatchStore) *Dispa
 	if cfg.Drain <= 0 {
 		cfg.Drain = 8 * time.Second
 	}
-	// at most Loops × Batch POSTs at once: that many connections, kept
-	d.keepOpen(cfg.Loops * cfg.Batch)
+	// at most MaxInflight POSTs at once: that many connections, kept
+	d.keepOpen(cfg.MaxInflight)
 	return &Dispatcher{cfg: cfg, d: d, store: store, mine: map[int64]bool{}, acked: map[int64]time.Time{}, claims: map[int]time.Time{},
-		places: newPlaces(cfg.Loops * cfg.Batch), leased: map[int64]leasedEvent{},
+		places: newPlaces(cfg.MaxInflight), leased: map[int64]leasedEvent{},
 		// a receiver that is down fails every event, retried every few
 		// seconds: a line each was thousands a second, which buried
 		// everything else; stepcollect_deliveries_total counts them all
@@ -251,7 +266,7 @@ func (p *Dispatcher) Run(ctx context.Context) {
 	// other POST
 	p.posts = make(chan func())
 	var posters sync.WaitGroup
-	for range p.cfg.Loops * p.cfg.Batch {
+	for range p.cfg.MaxInflight {
 		posters.Go(func() {
 			for post := range p.posts {
 				post()
@@ -260,7 +275,7 @@ func (p *Dispatcher) Run(ctx context.Context) {
 	}
 	defer posters.Wait()
 	defer close(p.posts)
-	p.delivered = make(chan storage.OutboxRef, p.cfg.Loops*p.cfg.Batch)
+	p.delivered = make(chan storage.OutboxRef, p.cfg.MaxInflight)
 	ackDone := make(chan struct{})
 	go func() {
 		defer close(ackDone)

@@ -585,3 +585,53 @@ func TestProbesFindTheEventsAReceiverTakesAmongOnesItFails(t *testing.T) {
 		return n == 1000, n
 	})
 }
+
+// A worker has at most MaxInflight POSTs in flight, on as many
+// connections, whatever is due: a receiver that cannot take 256 at once
+// (-max-delivery-inflight) gets no more than it was given. The same
+// events to the default worker arrive many at once, so the bound, not the
+// receiver, is what held them to it.
+func TestMaxInflightBoundsThePOSTsAndConnectionsAtOnce(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name        string
+		maxInflight int
+	}{{"bounded", 4}, {"default", 0}} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			_, store := testkit.NewStorage(t, stepmysql.WithOutbox())
+			rcv := testkit.NewReceiver(t, testkit.ReceiverOptions{CompletionsOnly: true})
+			var now, peak atomic.Int64
+			var mu sync.Mutex
+			conns := map[string]bool{}
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+				n := now.Add(1)
+				defer now.Add(-1)
+				for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
+				}
+				mu.Lock()
+				conns[req.RemoteAddr] = true
+				mu.Unlock()
+				time.Sleep(100 * time.Millisecond)
+				rcv.ServeHTTP(w, req)
+			}))
+			t.Cleanup(srv.Close)
+			completions(t, store, "inflight-"+c.name, 60)
+			runDispatcher(t, delivery.DispatchConfig{MaxInflight: c.maxInflight}, srv.URL, store)
+			awaitDelivered(t, rcv, 60, "60 events delivered")
+			mu.Lock()
+			nconns := len(conns)
+			mu.Unlock()
+			switch {
+			case c.maxInflight > 0 && (peak.Load() > int64(c.maxInflight) || nconns > c.maxInflight):
+				t.Errorf("%d POSTs at once on %d connections, want at most %d", peak.Load(), nconns, c.maxInflight)
+			case c.maxInflight > 0 && peak.Load() < 2:
+				t.Errorf("%d POSTs at once, want up to %d (the bound used)", peak.Load(), c.maxInflight)
+			case c.maxInflight == 0 && peak.Load() <= 4:
+				t.Errorf("the default worker: %d POSTs at once, want many more than 4 (60 due, 100 ms each)", peak.Load())
+			}
+			t.Logf("%d POSTs at once at most, on %d connections", peak.Load(), nconns)
+			rcv.Check(t)
+		})
+	}
+}
