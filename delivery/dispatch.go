@@ -231,14 +231,20 @@ func NewDispatcher(cfg DispatchConfig, d *Deliverer, store DispatchStore) *Dispa
 	}
 	// at most MaxInflight POSTs at once: that many connections, kept
 	d.keepOpen(cfg.MaxInflight)
-	return &Dispatcher{cfg: cfg, d: d, store: store, mine: map[int64]bool{}, acked: map[int64]time.Time{}, claims: map[int]time.Time{},
+	p := &Dispatcher{cfg: cfg, d: d, store: store, mine: map[int64]bool{}, acked: map[int64]time.Time{}, claims: map[int]time.Time{},
 		places: newPlaces(cfg.MaxInflight), leased: map[int64]leasedEvent{},
 		// a receiver that is down fails every event, retried every few
 		// seconds: a line each was thousands a second, which buried
 		// everything else; stepcollect_deliveries_total counts them all
 		retryLog: d.logger.Sample(&zerolog.BurstSampler{Burst: failLinesPerSecond, Period: time.Second}),
 		probeLog: d.logger.Sample(&zerolog.BurstSampler{Burst: 1, Period: probeLogEvery})}
+	d.metrics.SetProbing(p.Probing)
+	return p
 }
+
+// Probing says whether p takes the receiver to be down and probes it, one
+// event at a time (brakeAfter): stepcollect_delivery_probing.
+func (p *Dispatcher) Probing() bool { return p.braked() }
 
 type leasedEvent struct {
 	ref   storage.OutboxRef

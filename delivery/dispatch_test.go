@@ -62,14 +62,38 @@ func runDispatcher(t *testing.T, cfg delivery.DispatchConfig, url string, store 
 // runLoggedDispatcher is runDispatcher with the dispatcher's log in the
 // buffer it returns; its stop returns once the dispatcher has.
 func runLoggedDispatcher(t *testing.T, cfg delivery.DispatchConfig, url string, store delivery.DispatchStore) (stop func(), logs *syncBuffer) {
+	stop, logs, _ = runWatchedDispatcher(t, cfg, url, store)
+	return stop, logs
+}
+
+// runWatchedDispatcher is runLoggedDispatcher with the registry of its
+// delivery metrics, as the worker's /metrics serves them.
+func runWatchedDispatcher(t *testing.T, cfg delivery.DispatchConfig, url string, store delivery.DispatchStore) (stop func(), logs *syncBuffer, reg *prometheus.Registry) {
 	logs = &syncBuffer{}
-	d := delivery.New(delivery.Config{URL: url}, metrics.NewDelivery(prometheus.NewRegistry(), "step.completed"), zerolog.New(logs))
+	reg = prometheus.NewRegistry()
+	d := delivery.New(delivery.Config{URL: url}, metrics.NewDelivery(reg, "step.completed"), zerolog.New(logs))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { delivery.NewDispatcher(cfg, d, store).Run(ctx); close(done) }()
 	stop = func() { cancel(); <-done }
 	t.Cleanup(stop)
-	return stop, logs
+	return stop, logs, reg
+}
+
+// probing is stepcollect_delivery_probing as reg serves it at this scrape.
+func probing(t *testing.T, reg *prometheus.Registry) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == "stepcollect_delivery_probing" && len(mf.GetMetric()) == 1 {
+			return mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	t.Fatal("stepcollect_delivery_probing is not exported")
+	return 0
 }
 
 // Three dispatchers (three workers) on one outbox: every event arrives,
@@ -487,10 +511,14 @@ func TestADownReceiverIsProbedNotSentEveryPendingEvent(t *testing.T) {
 	rcv := testkit.NewReceiver(t, testkit.ReceiverOptions{CompletionsOnly: true})
 	rcv.Refuse(http.StatusServiceUnavailable)
 	completions(t, store, "probed", 1000)
-	_, logs := runLoggedDispatcher(t, delivery.DispatchConfig{MaxBackoff: time.Second}, rcv.URL, store)
+	_, logs, reg := runWatchedDispatcher(t, delivery.DispatchConfig{MaxBackoff: time.Second}, rcv.URL, store)
 	testkit.WaitUntil(t, 15*time.Second, "the worker probing (its log)", func() (bool, any) {
 		return strings.Contains(logs.String(), "trying one event at a time"), rcv.Stats().Refused
 	})
+	// an operator sees it on the worker's /metrics, as long as it lasts
+	if got := probing(t, reg); got != 1 {
+		t.Errorf("stepcollect_delivery_probing %v while the worker probes, want 1", got)
+	}
 	time.Sleep(time.Second) // the POSTs in flight when it began end
 	before := rcv.Stats().Refused
 	linesBefore := strings.Count(logs.String(), "will retry")
@@ -512,6 +540,9 @@ func TestADownReceiverIsProbedNotSentEveryPendingEvent(t *testing.T) {
 	if n := testkit.OutboxRows(t, db.DB); n != 1000 {
 		t.Fatalf("%d events in the outbox while the receiver fails, want all 1000", n)
 	}
+	if got := probing(t, reg); got != 1 {
+		t.Errorf("stepcollect_delivery_probing %v after %v more of probing, want 1", got, window)
+	}
 
 	back := time.Now()
 	rcv.Refuse(0)
@@ -521,6 +552,9 @@ func TestADownReceiverIsProbedNotSentEveryPendingEvent(t *testing.T) {
 	}
 	t.Logf("%d POSTs in %v to the receiver down; all 1000 events delivered %v after it came back", tries, window, time.Since(back).Round(time.Millisecond))
 	awaitOutboxEmpty(t, db)
+	if got := probing(t, reg); got != 0 {
+		t.Errorf("stepcollect_delivery_probing %v once the receiver answers again, want 0", got)
+	}
 	if n := strings.Count(logs.String(), "delivering at full rate"); n != 1 {
 		t.Errorf("the receiver's return logged %d times, want once:\n%s", n, logs.String())
 	}
@@ -536,13 +570,16 @@ func TestAReceiverRefusingEveryEventWith400IsNotTakenForDown(t *testing.T) {
 	rcv := testkit.NewReceiver(t, testkit.ReceiverOptions{CompletionsOnly: true})
 	rcv.Refuse(http.StatusBadRequest)
 	completions(t, store, "judged", 300)
-	_, logs := runLoggedDispatcher(t, delivery.DispatchConfig{MaxBackoff: time.Second}, rcv.URL, store)
+	_, logs, reg := runWatchedDispatcher(t, delivery.DispatchConfig{MaxBackoff: time.Second}, rcv.URL, store)
 	// two tries each, a second or so apart: a braked worker, 4 a second
 	// after its first 192, would take over 100 s
 	testkit.WaitUntil(t, 30*time.Second, "600 refused tries (so far)", func() (bool, any) {
 		n := rcv.Stats().Refused
 		return n >= 600, n
 	})
+	if got := probing(t, reg); got != 0 {
+		t.Errorf("stepcollect_delivery_probing %v for a receiver answering 400, want 0", got)
+	}
 	if strings.Contains(logs.String(), "trying one event at a time") {
 		t.Errorf("a receiver answering 400 was taken for down:\n%s", logs.String())
 	}
