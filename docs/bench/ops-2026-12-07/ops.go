@@ -17,7 +17,11 @@
 // and nostep drop id_commands' secondary indexes (both, last_push's,
 // step_id's with its foreign key); nsarg and pk rewrite the completion's
 // DELETE without a range on step_id (step_id + 0, or no step_id at all);
-// spread gives the rows 64 steps instead of one.
+// spread gives the rows 64 steps instead of one; nouniq drops the
+// outbox's unique event_id key. The modes updres and updsmall are the
+// completion in place, as NanoCMD keeps results: the enrollment's row
+// updated by key with the event (or one byte) as its result, autocommit,
+// no outbox row.
 package main
 
 import (
@@ -45,6 +49,8 @@ var modes = map[string]string{
 	"delete":      `DELETE FROM id_commands WHERE enrollment_id = ? AND command_uuid = ? AND step_id = ? AND completed = 0`,
 	"insert":      `INSERT INTO stepcollect_outbox (event_id, event_type, step_id, enrollment_id, payload) VALUES (?, ?, ?, ?, ?)`,
 	"insertsmall": `INSERT INTO stepcollect_outbox (event_id, event_type, step_id, enrollment_id, payload) VALUES (?, ?, ?, ?, 'x')`,
+	"updres":      `UPDATE id_commands SET completed = 1, result = ? WHERE enrollment_id = ? AND command_uuid = ? AND step_id = ? AND completed = 0`,
+	"updsmall":    `UPDATE id_commands SET completed = 1, result = 'x' WHERE enrollment_id = ? AND command_uuid = ? AND step_id = ? AND completed = 0`,
 	"select":      `SELECT completed FROM id_commands WHERE enrollment_id = ? AND command_uuid = ?`,
 }
 
@@ -114,6 +120,8 @@ BEGIN
     VALUES (IF(ROW_COUNT() = 1, p_event_id, NULL), p_event_type, p_step, p_enrollment, p_payload);
     COMMIT;
 END`))
+	case "nouniq":
+		must(db.Exec(`ALTER TABLE stepcollect_outbox DROP INDEX outbox_event_id`))
 	case "spread":
 		// the same two indexes, the rows' step ids spread over 64 steps
 
@@ -158,6 +166,10 @@ END`))
 				switch base {
 				case "call":
 					args = []any{e, "C", step(strip, k), ev, "step.completed", []byte(payload)}
+				case "updres":
+					args = []any{[]byte(payload), e, "C", step(strip, k)}
+				case "updsmall":
+					args = []any{e, "C", step(strip, k)}
 				case "update", "select":
 					args = []any{e, "C"}
 				case "delete":
