@@ -30,12 +30,16 @@ type APIConfig struct {
 	Listen   string
 	// MetricsListen, when set, serves /metrics there alone (the main
 	// listener then answers 404 for it); empty: on Listen.
-	MetricsListen  string
-	APIKey         string
-	WebhookHMACKey string
-	MaxBodyBytes   int64
-	LogLevel       string
-	LogFormat      string
+	MetricsListen string
+	// WorkerMetricsListen is STEPCOLLECT_METRICS_LISTEN, the worker's
+	// setting, where the api's environment has it and no -metrics-listen
+	// of its own: NewAPI says once that it does not move /metrics.
+	WorkerMetricsListen string
+	APIKey              string
+	WebhookHMACKey      string
+	MaxBodyBytes        int64
+	LogLevel            string
+	LogFormat           string
 	// MySQLMaxConns bounds the pool (default 64).
 	MySQLMaxConns int
 	// MySQLTryTimeout bounds each try of a transaction (-mysql-try-timeout;
@@ -62,7 +66,11 @@ func ParseAPIConfig(args []string, getenv func(string) string) (APIConfig, *conf
 	s := config.New("api", getenv)
 	common := addCommonFlags(s)
 	listen := s.String("listen", "STEPCOLLECT_LISTEN", "127.0.0.1:9100", "address for the webhook, /v1, health and /metrics")
-	metricsListen := s.String("metrics-listen", "STEPCOLLECT_METRICS_LISTEN", "",
+	// Not STEPCOLLECT_METRICS_LISTEN: that is the worker's, and make run,
+	// an env file or a test's environment gives both binaries the same
+	// variables; read by the api too, it took the worker's port from it
+	// (the second to start could not bind) and moved /metrics off -listen.
+	metricsListen := s.String("metrics-listen", "STEPCOLLECT_API_METRICS_LISTEN", "",
 		"address for /metrics alone, which -listen then does not serve; none: /metrics on -listen")
 	dumpWebhook := s.Bool("dump-webhook", "STEPCOLLECT_DUMP_WEBHOOK", false, "write every webhook body as received to standard output, one per line (NanoCMD's -dump-webhook); it carries device data")
 	apiKey := s.Secret("api-key", "STEPCOLLECT_API_KEY", "API key for /v1/* (Bearer, or basic-auth password); none: /v1 answers 401")
@@ -110,12 +118,16 @@ func ParseAPIConfig(args []string, getenv func(string) string) (APIConfig, *conf
 	if err := s.Parse(args); err != nil {
 		return APIConfig{}, s, err
 	}
+	var workerMetrics string
+	if *metricsListen == "" {
+		workerMetrics = getenv("STEPCOLLECT_METRICS_LISTEN")
+	}
 	return APIConfig{
 		MySQLDSN: *common.dsn, RedisURL: *common.redis, Migrate: *common.migrate, Listen: *listen, MetricsListen: *metricsListen, DumpWebhook: *dumpWebhook, APIKey: *apiKey,
 		WebhookHMACKey: *hmacKey, MaxBodyBytes: int64(*maxBody), MaxInflightBodyBytes: int64(*inflight),
 		MaxStepIDs: *stepIDs, MaxStepCommands: *stepCommands, MaxStepRows: *stepRows, DefaultStepTimeout: *stepTimeout,
 		LogLevel: *common.level, LogFormat: *common.format, MySQLMaxConns: *common.maxConns, MySQLTryTimeout: common.tryTimeoutConfig(),
-		MySQLMaxActiveResults: *maxActive,
+		MySQLMaxActiveResults: *maxActive, WorkerMetricsListen: workerMetrics,
 	}, s, nil
 }
 
@@ -154,6 +166,10 @@ func NewAPI(ctx context.Context, cfg APIConfig, logger zerolog.Logger) (_ *API, 
 	a := &API{cfg: cfg, logger: logger, errc: make(chan error, 2)}
 	if a.ln, err = net.Listen("tcp", cfg.Listen); err != nil {
 		return nil, fmt.Errorf("-listen: %w", err)
+	}
+	if cfg.WorkerMetricsListen != "" {
+		logger.Info().Str("STEPCOLLECT_METRICS_LISTEN", cfg.WorkerMetricsListen).Str("listen", cfg.Listen).
+			Msg("STEPCOLLECT_METRICS_LISTEN is the worker's; the api serves /metrics on -listen (-metrics-listen or STEPCOLLECT_API_METRICS_LISTEN moves it)")
 	}
 	if cfg.MetricsListen != "" {
 		if a.metricsLn, err = net.Listen("tcp", cfg.MetricsListen); err != nil {

@@ -82,12 +82,12 @@ func TestComposeIsClosedByDefault(t *testing.T) {
 
 	services, _ := readCompose(t, "../docker-compose.yml")
 	api := services["api"].env()
-	metrics, _ := resolve(api["STEPCOLLECT_METRICS_LISTEN"])
+	metrics, _ := resolve(api["STEPCOLLECT_API_METRICS_LISTEN"])
 	listen, _ := resolve(api["STEPCOLLECT_LISTEN"])
 	_, metricsPort, _ := strings.Cut(metrics, ":")
 	_, listenPort, _ := strings.Cut(listen, ":")
 	if metricsPort == "" || metricsPort == listenPort {
-		t.Fatalf("api: STEPCOLLECT_METRICS_LISTEN=%q, STEPCOLLECT_LISTEN=%q: want /metrics on a port of its own", metrics, listen)
+		t.Fatalf("api: STEPCOLLECT_API_METRICS_LISTEN=%q, STEPCOLLECT_LISTEN=%q: want /metrics on a port of its own", metrics, listen)
 	}
 	for _, p := range services["api"].strs("ports") {
 		if strings.HasSuffix(p, ":"+metricsPort) {

@@ -161,7 +161,8 @@ var metricPrefix = regexp.MustCompile(`^(stepcollect_|asynq_|go_sql_)`)
 // asynq_ and go_sql_ metric they export to be in docs/reference.md's
 // metrics table, and every metric of that table to be exported. Also:
 // stepcollect_build_info says what -version says, and -probe answers for
-// both services (0 while ready, 1 once the worker is gone).
+// both services (0 while ready, 1 once the worker is gone). Both run in
+// one environment, each finding its own address there.
 func TestTheReferenceListsEveryMetricAndTheBinariesProbeThemselves(t *testing.T) {
 	t.Parallel()
 	bins, err := testkit.BuildPlain(t.TempDir(), "cmd/api", "cmd/worker")
@@ -186,7 +187,10 @@ func TestTheReferenceListsEveryMetricAndTheBinariesProbeThemselves(t *testing.T)
 	db, rs := testkit.NewDB(t, nil), testkit.StartRedis(t)
 	env := testkit.ServiceEnv(db.DSN, rs.URL, "STEPCOLLECT_LOG_LEVEL=warn")
 	apiAddr, workerAddr := testkit.FreeAddr(t), testkit.FreeAddr(t)
-	apiEnv, workerEnv := append(env, "STEPCOLLECT_LISTEN="+apiAddr), append(env, "STEPCOLLECT_METRICS_LISTEN="+workerAddr)
+	// one environment for both, as make run and an env file shared by the
+	// two give them: each takes its own address from it
+	env = append(env, "STEPCOLLECT_LISTEN="+apiAddr, "STEPCOLLECT_METRICS_LISTEN="+workerAddr)
+	apiEnv, workerEnv := env, env
 	w := testkit.StartProc(t, bins["worker"], workerEnv)
 	testkit.AwaitHTTP(t, w, "http://"+workerAddr+"/readyz", 20*time.Second)
 	a := testkit.StartProc(t, bins["api"], apiEnv)
