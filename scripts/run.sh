@@ -14,12 +14,13 @@ else
 fi
 api=${STEPCOLLECT_LISTEN:-127.0.0.1:9100}
 metrics=${STEPCOLLECT_METRICS_LISTEN:-127.0.0.1:9101}
+api_metrics=${STEPCOLLECT_API_METRICS_LISTEN:-$api}
 
 cat <<MSG
 stepcollect is starting:
   webhook      http://$api/webhook          (NanoMDM: -webhook-url)
   API          http://$api/v1/steps         key: $STEPCOLLECT_API_KEY  ($key_note)
-  API metrics  http://$api/metrics
+  API metrics  http://$api_metrics/metrics
   worker       http://$metrics/metrics  /readyz
   logs         below, api and worker interleaved; Ctrl-C stops both
 MSG
