@@ -46,7 +46,6 @@ func TestMetricsListenServesMetricsThereAndNotOnTheMainListener(t *testing.T) {
 		{"neither", false, nil},
 		{"the worker's STEPCOLLECT_METRICS_LISTEN", false, map[string]string{"STEPCOLLECT_METRICS_LISTEN": worker.Addr().String()}},
 	} {
-		separate := c.separate
 		args := []string{"-listen", "127.0.0.1:0", "-mysql-dsn", db.DSN, "-redis-url", rs.URL, "-api-key", "k"}
 		if c.name == "-metrics-listen" {
 			args = append(args, "-metrics-listen", "127.0.0.1:0")
@@ -66,7 +65,7 @@ func TestMetricsListenServesMetricsThereAndNotOnTheMainListener(t *testing.T) {
 		wg.Add(1)
 		go func() { defer wg.Done(); a.Run(ctx) }()
 		main := "http://" + a.Addr()
-		if separate {
+		if c.separate {
 			if a.MetricsAddr() == "" {
 				t.Fatalf("%s set, but the api has no metrics listener", c.name)
 			}
