@@ -317,8 +317,18 @@ func RedisURL(flagName string, u *string, parse func(string) error) func() error
 // ListenAddr checks a host:port to listen on.
 func ListenAddr(flagName string, addr *string) func() error {
 	return func() error {
-		if _, _, err := net.SplitHostPort(*addr); err != nil {
+		_, port, err := net.SplitHostPort(*addr)
+		if err != nil {
 			return fmt.Errorf("-%s: %v", flagName, err)
+		}
+		// a port the listener cannot have is this line at start, not an
+		// error from net.Listen after the logger has started
+		if n, err := strconv.Atoi(port); err == nil {
+			if n < 0 || n > 65535 {
+				return fmt.Errorf("-%s: port %d of %q is not between 0 and 65535", flagName, n, *addr)
+			}
+		} else if _, err := net.LookupPort("tcp", port); err != nil {
+			return fmt.Errorf("-%s: port %q of %q is not a number or a known service", flagName, port, *addr)
 		}
 		return nil
 	}

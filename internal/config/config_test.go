@@ -64,6 +64,8 @@ func TestBadValuesAreOneLineNamingTheFlag(t *testing.T) {
 		{nil, []string{"-redis", "redis-sentinel://127.0.0.1:26379"}, "-redis: a redis-sentinel:// URL needs ?master=<name>"},
 		{nil, []string{"-url", "ftp://x"}, `-url: "ftp://x" is not an http(s) URL`},
 		{nil, []string{"-listen", "nowhere"}, "-listen: "},
+		{nil, []string{"-listen", "127.0.0.1:99999"}, `-listen: port 99999 of "127.0.0.1:99999" is not between 0 and 65535`},
+		{nil, []string{"-listen", "127.0.0.1:nosuchservice"}, `-listen: port "nosuchservice" of "127.0.0.1:nosuchservice" is not a number or a known service`},
 		{nil, []string{"stray"}, `unexpected argument "stray"`},
 	} {
 		s := config.New("t", env(tc.env))
