@@ -222,6 +222,15 @@ func (s *Set) Parse(args []string) error {
 		return errVersion
 	}
 	if s.fs.NArg() > 0 {
+		// "-migrate false" sets -migrate and leaves "false" over: say so
+		if i := len(args) - s.fs.NArg() - 1; i >= 0 {
+			name := strings.TrimLeft(args[i], "-")
+			if f := s.fs.Lookup(name); f != nil && !strings.Contains(args[i], "=") {
+				if b, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && b.IsBoolFlag() {
+					return fmt.Errorf("unexpected argument %q after -%s, a switch: give its value as -%s=true or -%s=false", s.fs.Arg(0), name, name, name)
+				}
+			}
+		}
 		return fmt.Errorf("unexpected argument %q", s.fs.Arg(0))
 	}
 	given := map[string]bool{}

@@ -67,6 +67,7 @@ func TestBadValuesAreOneLineNamingTheFlag(t *testing.T) {
 		{nil, []string{"-listen", "127.0.0.1:99999"}, `-listen: port 99999 of "127.0.0.1:99999" is not between 0 and 65535`},
 		{nil, []string{"-listen", "127.0.0.1:nosuchservice"}, `-listen: port "nosuchservice" of "127.0.0.1:nosuchservice" is not a number or a known service`},
 		{nil, []string{"stray"}, `unexpected argument "stray"`},
+		{nil, []string{"-on", "false"}, `unexpected argument "false" after -on, a switch: give its value as -on=true or -on=false`},
 	} {
 		s := config.New("t", env(tc.env))
 		s.Duration("wait", "T_WAIT", time.Second, "")
