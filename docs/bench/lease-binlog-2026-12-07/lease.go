@@ -11,7 +11,6 @@ import (
 	"flag"
 	"fmt"
 	"log"
-	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -21,6 +20,7 @@ import (
 
 	_ "github.com/go-sql-driver/mysql"
 
+	"github.com/stepcollect/stepcollect/internal/testkit"
 	stepmysql "github.com/stepcollect/stepcollect/storage/mysql"
 )
 
@@ -139,15 +139,13 @@ func binlogBytes(admin *sql.DB) int64 {
 	return total
 }
 
+// serverCPU is the server's CPU time so far, in ms.
 func serverCPU(pid int) float64 {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	d, err := testkit.ProcessCPU(pid)
 	if err != nil {
 		log.Fatal(err)
 	}
-	f := strings.Fields(string(b)[strings.LastIndexByte(string(b), ')')+2:])
-	u, _ := strconv.ParseFloat(f[11], 64)
-	s, _ := strconv.ParseFloat(f[12], 64)
-	return (u + s) * 10
+	return float64(d.Milliseconds())
 }
 
 func selfCPU() float64 {

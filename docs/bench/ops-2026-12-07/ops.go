@@ -30,7 +30,6 @@ import (
 	"flag"
 	"fmt"
 	"log"
-	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -40,6 +39,7 @@ import (
 
 	_ "github.com/go-sql-driver/mysql"
 
+	"github.com/stepcollect/stepcollect/internal/testkit"
 	stepmysql "github.com/stepcollect/stepcollect/storage/mysql"
 )
 
@@ -203,15 +203,13 @@ func step(strip string, k int64) int64 {
 	return 1
 }
 
+// serverCPU is the server's CPU time so far, in ms.
 func serverCPU(pid int) float64 {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	d, err := testkit.ProcessCPU(pid)
 	if err != nil {
 		log.Fatal(err)
 	}
-	f := strings.Fields(string(b)[strings.LastIndexByte(string(b), ')')+2:])
-	u, _ := strconv.ParseFloat(f[11], 64)
-	s, _ := strconv.ParseFloat(f[12], 64)
-	return (u + s) * 10
+	return float64(d.Milliseconds())
 }
 
 func selfCPU() float64 {
