@@ -13,6 +13,8 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"path"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -99,6 +101,8 @@ type Server struct {
 	cfg        Config
 	dumpMu     sync.Mutex // one body per line however many arrive at once
 	mux        *http.ServeMux
+	cancelOne  http.Handler // DELETE /v1/enrollments/{id}/steps, for route
+	unclean    http.Handler // a /v1 path with an empty, "." or ".." segment
 	body       *bodyadmit.Admitter
 	stepLimits stepLimits
 }
@@ -157,7 +161,7 @@ func New(cfg Config) *Server {
 	})
 	s.handle("POST /v1/steps", "enqueue_step", s.auth(s.withBody(s.enqueueStep)))
 	s.handle("GET /v1/steps/{step_id}", "step_status", s.auth(s.stepStatus))
-	s.handle("DELETE /v1/enrollments/{id}/steps", "cancel_steps", s.auth(takes(s.cancelSteps, "workflow_name")))
+	s.cancelOne = s.handle(cancelStepsPattern, "cancel_steps", s.auth(takes(s.cancelSteps, "workflow_name")))
 	// Operators' step endpoints (operator_steps.go) and the version.
 	s.handle("GET /v1/steps", "list_steps", s.auth(takes(s.listSteps, "workflow_name", "instance_id", "older_than", "limit", "after")))
 	s.handle("GET /v1/steps/{step_id}/outstanding", "step_outstanding", s.auth(takes(s.stepOutstanding, "limit", "after")))
@@ -172,11 +176,15 @@ func New(cfg Config) *Server {
 			writeError(w, r, http.StatusMethodNotAllowed, "method "+oneLine(r.Method)+": "+oneLine(r.URL.Path)+" takes "+strings.Join(allow, " or "))
 			return
 		}
-		writeError(w, r, http.StatusNotFound, "no such endpoint: "+r.Method+" "+oneLine(r.URL.Path))
+		writeError(w, r, http.StatusNotFound, "no such endpoint: "+r.Method+" "+oneLine(r.URL.EscapedPath()))
+	}))
+	s.unclean = s.instrument("v1_other", s.auth(func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, r, http.StatusBadRequest, "path "+strconv.Quote(oneLine(r.URL.EscapedPath()))+
+			` has an empty, "." or ".." segment, which this API neither cleans nor redirects: escape the dots and slashes of an id (%2E, %2F)`)
 	}))
 	// the rest: JSON, as every other refusal, not net/http's plain text
 	s.handle("/", "other", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, r, http.StatusNotFound, "no such endpoint: "+oneLine(r.Method)+" "+oneLine(r.URL.Path))
+		writeError(w, r, http.StatusNotFound, "no such endpoint: "+oneLine(r.Method)+" "+oneLine(r.URL.EscapedPath()))
 	})
 	s.handle("GET /healthz", "healthz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok\n")) })
 	s.handle("GET /readyz", "readyz", ReadyHandler(cfg.Ready))
@@ -189,7 +197,31 @@ func New(cfg Config) *Server {
 // ServeHTTP implements http.Handler: request id, logger, body limit and
 // panic recovery around every route.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	withRequest(s.cfg.Logger, s.cfg.MaxBody, s.mux).ServeHTTP(w, r)
+	withRequest(s.cfg.Logger, s.cfg.MaxBody, http.HandlerFunc(s.route)).ServeHTTP(w, r)
+}
+
+// cancelStepsPattern is the route that cancels one enrollment's steps.
+const cancelStepsPattern = "DELETE /v1/enrollments/{id}/steps"
+
+// route is the mux, less two things it does with a path. It redirects a
+// path that is not clean to its cleaned form (307, before any key is
+// checked), which for the API is another endpoint: an enrollment id ".."
+// written unescaped turns DELETE /v1/enrollments/../steps into DELETE
+// /v1/steps. And it takes an unescaped "/" segment for its own
+// trailing-slash marker, so an enrollment id of "/" (%2F) matched nothing
+// and could be stored and never cancelled.
+func (s *Server) route(w http.ResponseWriter, r *http.Request) {
+	if p := r.URL.EscapedPath(); strings.HasPrefix(p, "/v1/") && !cleanPath(p) {
+		s.unclean.ServeHTTP(w, r)
+		return
+	}
+	if r.Method == http.MethodDelete && strings.EqualFold(r.URL.EscapedPath(), "/v1/enrollments/%2F/steps") {
+		r.Pattern = cancelStepsPattern
+		r.SetPathValue("id", "/")
+		s.cancelOne.ServeHTTP(w, r)
+		return
+	}
+	s.mux.ServeHTTP(w, r)
 }
 
 // allowed lists the methods another /v1 route takes r's path with: the
@@ -209,12 +241,28 @@ func (s *Server) allowed(r *http.Request) []string {
 	return allow
 }
 
-func (s *Server) handle(pattern, name string, h http.HandlerFunc) {
-	var handler http.Handler = h
-	if s.cfg.Metrics != nil {
-		handler = s.cfg.Metrics.InstrumentHandler(name, handler)
+// cleanPath reports whether p is as ServeMux would clean it: no empty,
+// "." or ".." segment (a trailing slash kept).
+func cleanPath(p string) bool {
+	c := path.Clean(p)
+	if strings.HasSuffix(p, "/") && c != "/" {
+		c += "/"
 	}
+	return c == p
+}
+
+func (s *Server) handle(pattern, name string, h http.HandlerFunc) http.Handler {
+	handler := s.instrument(name, h)
 	s.mux.Handle(pattern, handler)
+	return handler
+}
+
+// instrument is h counted and timed under the route name.
+func (s *Server) instrument(name string, h http.HandlerFunc) http.Handler {
+	if s.cfg.Metrics != nil {
+		return s.cfg.Metrics.InstrumentHandler(name, h)
+	}
+	return h
 }
 
 // auth requires the API key, as a Bearer token or as the basic-auth

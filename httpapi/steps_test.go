@@ -83,6 +83,30 @@ func TestV1StepsLifecycle(t *testing.T) {
 	}
 }
 
+// Any string is an enrollment id, escaped in the path; "/" alone is the
+// one ServeMux cannot route by itself (it is its trailing-slash marker).
+func TestV1CancelTakesEveryEscapedEnrollmentID(t *testing.T) {
+	b := setup(t, nil)
+	ids := []string{"/", "a/b", "/x", "y/", "//", "..", "E 1", "KEEP"}
+	id := b.enqueue(t, "io.example.escaped", ids, "ESC-1")
+	for _, e := range ids[:len(ids)-1] {
+		path := "/v1/enrollments/" + url.PathEscape(e) + "/steps?workflow_name=io.example.escaped"
+		if e == "/" {
+			path = "/v1/enrollments/%2f/steps?workflow_name=io.example.escaped" // as some clients write it
+		}
+		if e == ".." {
+			path = "/v1/enrollments/%2E%2E/steps?workflow_name=io.example.escaped" // url.PathEscape leaves dots
+		}
+		if status, body := b.client.V1(t, "DELETE", path, nil); status != 204 {
+			t.Errorf("DELETE %s: %d %v, want 204", path, status, body)
+		}
+	}
+	status, out := b.client.V1(t, "GET", "/v1/steps/"+itoa(id)+"/outstanding", nil)
+	if got := fmt.Sprint(out["ids"]); status != 200 || got != "[KEEP]" {
+		t.Errorf("outstanding after cancelling all but KEEP: %d %s, want [KEEP]", status, got)
+	}
+}
+
 func TestV1EnqueueRejectsBadStepsNamingTheFieldAndWritesNothing(t *testing.T) {
 	b := setup(t, nil)
 	b.enqueue(t, "wf.existing", []string{"HELD-1", "HELD-2"}, "HELD-UUID")

@@ -374,3 +374,46 @@ func TestAnUnknownPathIsAJSON404(t *testing.T) {
 		}
 	}
 }
+
+// A /v1 path with an empty, "." or ".." segment is refused naming it, not
+// redirected to its cleaned form: that is another endpoint (an enrollment
+// id ".." written unescaped made DELETE /v1/enrollments/../steps a DELETE
+// /v1/steps), and the redirect came before the key was checked.
+func TestAnUncleanV1PathIsRefusedNotRedirected(t *testing.T) {
+	b := setup(t, nil)
+	id := b.enqueue(t, "wf", []string{"D1"}, "CLEAN-1")
+	client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	for _, c := range []struct {
+		method, path string
+		key          bool
+		status       int
+	}{
+		{"DELETE", "/v1/enrollments/../steps?workflow_name=wf", true, 400},
+		{"DELETE", "/v1/enrollments/./steps", true, 400},
+		{"DELETE", "/v1/enrollments//steps", true, 400},
+		{"GET", "/v1//steps/1", true, 400},
+		{"GET", "/v1/steps/1/..", true, 400},
+		{"DELETE", "/v1/enrollments/../steps", false, 401},
+	} {
+		req, _ := http.NewRequest(c.method, b.srv.URL+c.path, nil)
+		if c.key {
+			req.Header.Set("Authorization", "Bearer "+apiKey)
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var body struct{ Error string }
+		json.NewDecoder(resp.Body).Decode(&body)
+		resp.Body.Close()
+		escaped, _, _ := strings.Cut(c.path, "?")
+		want := `path "` + escaped + `" has an empty, "." or ".." segment`
+		if resp.StatusCode != c.status || resp.Header.Get("Location") != "" || (c.status == 400 && !strings.HasPrefix(body.Error, want)) {
+			t.Errorf("%s %s: %d, Location %q, %q; want %d naming the path", c.method, c.path, resp.StatusCode, resp.Header.Get("Location"), body.Error, c.status)
+		}
+	}
+	// nothing was cancelled by any of them
+	if status, st := b.client.V1(t, "GET", "/v1/steps/"+itoa(id), nil); status != 200 || st["outstanding_ids"].(float64) != 1 {
+		t.Errorf("the step after the refusals: %d %v", status, st)
+	}
+}
