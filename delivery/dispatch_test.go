@@ -561,6 +561,70 @@ func TestADownReceiverIsProbedNotSentEveryPendingEvent(t *testing.T) {
 	rcv.Check(t)
 }
 
+// A run of failed POSTs shorter than the brake's is not "probing": the
+// worker still delivers at full rate, and the gauge an operator alerts on
+// says so. The receiver fails the first 100 POSTs and holds every later
+// one until the gauge is read, so the worker's streak stays at 100.
+func TestAShortRunOfFailuresIsNotProbing(t *testing.T) {
+	t.Parallel()
+	_, store := testkit.NewStorage(t, stepmysql.WithOutbox())
+	rcv := testkit.NewReceiver(t, testkit.ReceiverOptions{CompletionsOnly: true})
+	const fails = 100 // fewer than the brake's 192
+	var posts atomic.Int64
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if posts.Add(1) <= fails {
+			http.Error(w, "handler failed", http.StatusServiceUnavailable)
+			return
+		}
+		select {
+		case <-release:
+		case <-req.Context().Done():
+			return
+		}
+		rcv.ServeHTTP(w, req)
+	}))
+	t.Cleanup(srv.Close)
+	completions(t, store, "short", 300)
+	_, logs, reg := runWatchedDispatcher(t, delivery.DispatchConfig{MaxBackoff: time.Second}, srv.URL, store)
+	testkit.WaitUntil(t, 15*time.Second, "the first 100 POSTs counted as http_error", func() (bool, any) {
+		n := deliveries(t, reg, "http_error")
+		return n == fails, n
+	})
+	if got := probing(t, reg); got != 0 {
+		t.Errorf("stepcollect_delivery_probing %v after %d failures in a row, want 0 (the worker probes after 192)", got, fails)
+	}
+	close(release)
+	awaitDelivered(t, rcv, 300, "every event once the receiver answers")
+	if strings.Contains(logs.String(), "trying one event at a time") {
+		t.Errorf("a run of %d failures was taken for a receiver that is down:\n%s", fails, logs.String())
+	}
+	rcv.Check(t)
+}
+
+// deliveries is stepcollect_deliveries_total{outcome} as reg serves it.
+func deliveries(t *testing.T, reg *prometheus.Registry, outcome string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n float64
+	for _, mf := range mfs {
+		if mf.GetName() != "stepcollect_deliveries_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "outcome" && l.GetValue() == outcome {
+					n += m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return n
+}
+
 // A receiver that answers 400 to every event is up, judging them: it is
 // not probed like one that is down, and every event keeps being tried on
 // its own backoff (until held) rather than one every 250 ms.
