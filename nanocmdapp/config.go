@@ -45,6 +45,7 @@ type Config struct {
 	WebhookHMACKey string // NanoMDM's -webhook-hmac-key: X-Hmac-Signature checked when set
 	SweepInterval  uint   // seconds between sweeps for uncollected steps (-storage mysql); 0 disables
 	RedisURL       string // with -storage mysql: released steps handed to cmd/worker's queue, not collected here
+	MaxURLBytes    int    // longest enqueue or push URL; a fan-out is split into steps whose ids fit one
 }
 
 // FlagSet defines cfg's flags on a new flag set named name. Its -h output
@@ -70,6 +71,7 @@ func FlagSet(name string, cfg *Config) *flag.FlagSet {
 	fs.StringVar(&cfg.WebhookHMACKey, "webhook-hmac-key", "", "NanoMDM's -webhook-hmac-key: webhook bodies must carry its X-Hmac-Signature (none: not checked)")
 	fs.UintVar(&cfg.SweepInterval, "sweep-interval", 30, "with -storage mysql: seconds between sweeps for steps left uncollected; 0 disables")
 	fs.StringVar(&cfg.RedisURL, "redis-url", "", "with -storage mysql: hand released steps to stepcollect's worker through this Redis (redis://, rediss:// or redis-sentinel://) instead of collecting them here; the worker sweeps")
+	fs.IntVar(&cfg.MaxURLBytes, "enqueue-max-url-bytes", DefaultMaxURLBytes, "longest enqueue or push URL sent to the MDM server: a workflow started for more ids runs as several steps, each command enqueued once to as many ids as fit")
 	return fs
 }
 
@@ -97,6 +99,9 @@ func Parse(name string, args, environ []string, out io.Writer) (*Config, error) 
 func check(fs *flag.FlagSet, cfg *Config) error {
 	if fs.NArg() > 0 {
 		return errors.New("unexpected arguments: " + fs.Arg(0))
+	}
+	if cfg.MaxURLBytes < 256 {
+		return fmt.Errorf("-enqueue-max-url-bytes: %d is under 256, too short for an id after the URL", cfg.MaxURLBytes)
 	}
 	if cfg.RedisURL != "" {
 		if cfg.Storage != "mysql" {

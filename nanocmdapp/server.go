@@ -34,6 +34,7 @@ import (
 	fvenablehttp "github.com/micromdm/nanocmd/subsystem/filevault/http"
 	invhttp "github.com/micromdm/nanocmd/subsystem/inventory/http"
 	profhttp "github.com/micromdm/nanocmd/subsystem/profile/http"
+	"github.com/micromdm/nanocmd/utils/uuid"
 	nanohttp "github.com/micromdm/nanolib/http"
 	"github.com/micromdm/nanolib/http/trace"
 	"github.com/micromdm/nanolib/log"
@@ -97,20 +98,14 @@ func New(ctx context.Context, cfg *Config, logger log.Logger, zl zerolog.Logger)
 	}()
 
 	// configure our "MDM" i.e. how we send commands and receive responses
-	opts := []foss.Option{
-		foss.WithLogger(logger.With("service", "mdm")),
-		foss.WithPush(cfg.PushURL),
+	maxURL := cfg.MaxURLBytes
+	if maxURL == 0 {
+		maxURL = DefaultMaxURLBytes
 	}
-	if cfg.MicroMDM {
-		opts = append(opts, foss.WithMicroMDM())
-	}
-	fm, err := foss.NewFossMDM(cfg.EnqueueURL, cfg.EnqueueAPI, opts...)
+	mdmMetrics := metrics.NewMDM(reg)
+	mdm, err := newMDMAPI(cfg.EnqueueURL, cfg.PushURL, cfg.EnqueueAPI, cfg.MicroMDM, maxURL, mdmMetrics, logger.With("service", "mdm"))
 	if err != nil {
 		return nil, fmt.Errorf("creating enqueuer: %w", err)
-	}
-	fossMDM := chunkedEnqueuer{FossMDM: fm, max: fossChunk}
-	if cfg.MicroMDM {
-		fossMDM.max = 1
 	}
 
 	// configure the workflow engine
@@ -121,7 +116,7 @@ func New(ctx context.Context, cfg *Config, logger log.Logger, zl zerolog.Logger)
 	if storage.event != nil {
 		eOpts = append(eOpts, engine.WithEventStorage(storage.event))
 	}
-	e := engine.New(storage.engine, fossMDM, eOpts...)
+	e := engine.New(markingStorage{storage.engine}, mdm, eOpts...)
 
 	// the engine worker: timeouts, re-pushes and NotUntil, as in NanoCMD
 	// (stepcollect's scheduler leaves this database's steps to it)
@@ -133,10 +128,12 @@ func New(ctx context.Context, cfg *Config, logger log.Logger, zl zerolog.Logger)
 		if cfg.RePushInterval > 0 {
 			wOpts = append(wOpts, engine.WithWorkerRePushDuration(time.Second*time.Duration(cfg.RePushInterval)))
 		}
-		s.worker = engine.NewWorker(e, storage.engine, fossMDM, wOpts...)
+		s.worker = engine.NewWorker(e, storage.engine, mdm, wOpts...)
 	}
 
-	if err = registerWorkflows(logger, e, storage, e); err != nil {
+	// the workflows enqueue through the splitter, the engine behind it
+	steps := &splitSteps{engine: e, api: mdm, cancel: storage.engine.CancelSteps, wholeStep: storage.steps == nil, ider: uuid.NewUUID(), logger: logger.With("service", "engine")}
+	if err = registerWorkflows(logger, e, storage, steps); err != nil {
 		return nil, fmt.Errorf("registering workflows: %w", err)
 	}
 
@@ -145,7 +142,7 @@ func New(ctx context.Context, cfg *Config, logger log.Logger, zl zerolog.Logger)
 	mux.Handle("/version", m.InstrumentHandler("version", nanohttp.NewJSONVersionHandler(version.Get().Version)))
 	handleOps(mux, m, reg, storage.ready)
 
-	var eventHandler foss.MDMEventReceiver = e
+	var eventHandler foss.MDMEventReceiver = storedAnswers{MDMEventReceiver: e, metrics: mdmMetrics, logger: logger.With("service", "engine")}
 	if cfg.DumpWebhook {
 		eventHandler = foss.NewMDMEventDumper(eventHandler, os.Stdout)
 	}

@@ -15,7 +15,9 @@ import (
 // fakeNanoMDM is the NanoMDM API NanoCMD enqueues to (PUT
 // /v1/enqueue/{ids} with the command plist, GET /v1/push/{ids}, HTTP Basic
 // nanomdm:<key>): it answers 200 and records each enrollment's commands in
-// the order enqueued.
+// the order enqueued. As strict as NanoMDM v0.9.0's storages: a command
+// UUID is stored once, and a request that repeats it is refused whole
+// (500, command_error), as is every request for an id in refuse.
 type fakeNanoMDM struct {
 	*httptest.Server
 	mu     sync.Mutex
@@ -23,12 +25,13 @@ type fakeNanoMDM struct {
 	raw    map[string][]byte // command UUID: the command plist as enqueued
 	pushes map[string]int    // enrollment: pushes asked for
 	bad    []string
+	refuse map[string]bool // ids whose enqueue is refused
 }
 
 type enqueued struct{ UUID, RequestType string }
 
 func startFakeNanoMDM(t *testing.T, key string) *fakeNanoMDM {
-	f := &fakeNanoMDM{cmds: map[string][]enqueued{}, raw: map[string][]byte{}, pushes: map[string]int{}}
+	f := &fakeNanoMDM{cmds: map[string][]enqueued{}, raw: map[string][]byte{}, pushes: map[string]int{}, refuse: map[string]bool{}}
 	mux := http.NewServeMux()
 	mux.HandleFunc("PUT /v1/enqueue/{ids}", func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
@@ -42,6 +45,19 @@ func startFakeNanoMDM(t *testing.T, key string) *fakeNanoMDM {
 			f.bad = append(f.bad, fmt.Sprintf("%s: %q (%v)", r.URL.Path, body, err))
 			http.Error(w, "no command", http.StatusBadRequest)
 			return
+		}
+		if f.raw[c.CommandUUID] != nil {
+			w.WriteHeader(http.StatusInternalServerError)
+			fmt.Fprintf(w, `{"command_error":"Error 1062 (23000): Duplicate entry '%s' for key 'commands.PRIMARY'"}`, c.CommandUUID)
+			return
+		}
+		for _, id := range strings.Split(r.PathValue("ids"), ",") {
+			if f.refuse[id] {
+				// NanoMDM's MySQL storage enqueues in one transaction
+				w.WriteHeader(http.StatusInternalServerError)
+				fmt.Fprintf(w, `{"command_error":"Error 1452 (23000): Cannot add or update a child row: a foreign key constraint fails (enrollment %s)"}`, id)
+				return
+			}
 		}
 		f.raw[c.CommandUUID] = body
 		for _, id := range strings.Split(r.PathValue("ids"), ",") {
