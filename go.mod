@@ -8,6 +8,7 @@ require (
 	github.com/chromedp/chromedp v0.23.1
 	github.com/go-sql-driver/mysql v1.9.3
 	github.com/hibiken/asynq v0.26.0
+	github.com/jessepeterson/mdmcommands v0.0.0-20251210055310-75943edf7c59
 	github.com/mattn/go-isatty v0.0.20
 	github.com/micromdm/nanocmd v0.7.1
 	github.com/micromdm/nanolib v0.5.2
@@ -32,7 +33,6 @@ require (
 	github.com/go-json-experiment/json v0.0.0-20260213210345-44df1a37e875 // indirect
 	github.com/google/btree v1.1.2 // indirect
 	github.com/google/uuid v1.6.0 // indirect
-	github.com/jessepeterson/mdmcommands v0.0.0-20251210055310-75943edf7c59 // indirect
 	github.com/kylelemons/godebug v1.1.0 // indirect
 	github.com/lib/pq v1.10.9 // indirect
 	github.com/mattn/go-colorable v0.1.13 // indirect
