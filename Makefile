@@ -33,7 +33,7 @@ test: vet
 # (which never needs the chroot).
 MYSQL_TEST_DSN  ?= root@tcp(127.0.0.1:3307)/
 MYSQL_TEST_PKGS ?= ./storage/... ./httpapi ./app ./collector ./delivery ./cmd/... ./nanocmdapp/... ./examples ./deploy \
-                   ./e2e ./e2e/pace ./e2e/recovery ./e2e/failover ./internal/testkit/testha
+                   ./e2e ./e2e/pace ./e2e/recovery ./e2e/failover ./internal/testkit/testha ./internal/testkit/nanomdm
 test-mysql:
 	bash scripts/services.sh --mysql
 	STEPCOLLECT_TEST_MYSQL_DSN='$(MYSQL_TEST_DSN)' $(GO) test -race -count=1 $(MYSQL_TEST_PKGS)

@@ -8,6 +8,7 @@ require (
 	github.com/chromedp/chromedp v0.23.1
 	github.com/go-sql-driver/mysql v1.9.3
 	github.com/hibiken/asynq v0.26.0
+	github.com/jessepeterson/mdmcommands v0.0.0-20251210055310-75943edf7c59
 	github.com/mattn/go-isatty v0.0.20
 	github.com/micromdm/nanocmd v0.7.1
 	github.com/micromdm/nanolib v0.5.2
@@ -32,8 +33,8 @@ require (
 	github.com/go-json-experiment/json v0.0.0-20260213210345-44df1a37e875 // indirect
 	github.com/google/btree v1.1.2 // indirect
 	github.com/google/uuid v1.6.0 // indirect
-	github.com/jessepeterson/mdmcommands v0.0.0-20251210055310-75943edf7c59 // indirect
 	github.com/kylelemons/godebug v1.1.0 // indirect
+	github.com/lib/pq v1.10.9 // indirect
 	github.com/mattn/go-colorable v0.1.13 // indirect
 	github.com/mfridman/interpolate v0.0.2 // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
@@ -44,7 +45,9 @@ require (
 	github.com/spf13/cast v1.10.0 // indirect
 	go.uber.org/multierr v1.11.0 // indirect
 	go.yaml.in/yaml/v2 v2.4.5 // indirect
+	golang.org/x/net v0.43.0 // indirect
 	golang.org/x/sys v0.49.0 // indirect
+	golang.org/x/text v0.28.0 // indirect
 	golang.org/x/time v0.14.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
 )
@@ -55,3 +58,5 @@ require (
 // stepcollect's own decoder (internal/mdmplist) does not use plist, and its
 // tests compare it with v0.2.2's Unmarshal, the same as v0.4.0's.
 replace github.com/micromdm/plist => github.com/micromdm/plist v0.2.2
+
+tool github.com/micromdm/nanomdm/cmd/nanomdm
