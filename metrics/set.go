@@ -6,6 +6,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/stepcollect/stepcollect/events"
 	"github.com/stepcollect/stepcollect/internal/version"
 )
 
@@ -34,7 +35,7 @@ func New(inspector QueueReader, taskTypes []string, queues ...string) *Set {
 		Sweeper:  NewSweeper(reg),
 		Enqueue:  NewEnqueue(reg, taskTypes...),
 		API:      NewAPI(reg),
-		Delivery: NewDelivery(reg, "step.completed", "step.timed_out", "step.due"),
+		Delivery: NewDelivery(reg, events.StepCompleted, events.StepTimedOut, events.StepDue),
 		RePush:   NewRePush(reg),
 	}
 	if inspector != nil {

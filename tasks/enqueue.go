@@ -46,9 +46,6 @@ func OnEnqueueFailure(f func(task string)) EnqueuerOption {
 	return func(e *Enqueuer) { e.onFail = f }
 }
 
-// WithEnqueueTimeout bounds one enqueue. Default 1s.
-func WithEnqueueTimeout(d time.Duration) EnqueuerOption { return func(e *Enqueuer) { e.timeout = d } }
-
 // WithCooldown is how long enqueues fail fast after a failure. Default 1s.
 func WithCooldown(d time.Duration) EnqueuerOption { return func(e *Enqueuer) { e.cooldown = d } }
 

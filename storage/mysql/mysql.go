@@ -167,10 +167,6 @@ const DefaultMaxActiveResults = 64
 // pool's.
 func WithMaxActiveResults(n int) Option { return func(c *config) { c.maxResults = n } }
 
-// WithMaxAttempts bounds how many times one transaction is tried when it hits
-// a deadlock, a lock wait timeout or a broken connection. Default 10.
-func WithMaxAttempts(n int) Option { return func(c *config) { c.maxAttempts = n } }
-
 // DefaultAttemptTimeout is how long one try of a transaction may take
 // before it is given up (WithAttemptTimeout).
 const DefaultAttemptTimeout = 10 * time.Second
