@@ -341,3 +341,37 @@ func TestStepIDsInPathsAreDigitsAlone(t *testing.T) {
 		t.Errorf("GET /v1/steps/%d: %d, want 200", id, status)
 	}
 }
+
+// encoding/json takes a \u escape of half a UTF-16 surrogate pair for
+// U+FFFD: the step would hold another id than the one sent. It is a 400
+// naming the field; a whole pair, or an escaped backslash before u, is
+// taken.
+func TestV1EnqueueRefusesALoneSurrogateNamingTheField(t *testing.T) {
+	b := setup(t, nil)
+	step := func(wf, id, uuid string) string {
+		return `{"workflow_name":"` + wf + `","instance_id":"i","ids":["` + id + `"],"commands":[{"command_uuid":"` + uuid + `","request_type":"X"}]}`
+	}
+	for _, tc := range []struct {
+		name, body string
+		want       int
+		msg        string
+	}{
+		{"in an id", step("wf", `a\ud800b`, "U-1"), 400, `ids[0]: \ud800 at byte 49 is half a UTF-16 surrogate pair`},
+		{"a low half alone", step(`w\uDC00`, "A", "U-1"), 400, `workflow_name: \uDC00 at byte 19 is half a UTF-16 surrogate pair`},
+		{"a high half before another escape", step("wf", "A", `U\ud800\u0041`), 400, `commands[0].command_uuid: \ud800 at byte`},
+		{"a high half at the end", step("wf", "A", `U\udbff`), 400, `commands[0].command_uuid: \udbff at byte`},
+		{"in a second command", `{"workflow_name":"wf","instance_id":"i","ids":["A"],"commands":[{"command_uuid":"U-1","request_type":"X"},{"command_uuid":"U-2","request_type":"X\ud800"}]}`,
+			400, `commands[1].request_type: \ud800 at byte`},
+		{"two high halves", step("wf", `\ud800\ud800\udc00`, "U-1"), 400, `ids[0]: \ud800 at byte`},
+		{"a whole pair", step("wf", `\ud83d\ude00`, "U-2"), 201, ""},
+		{"an escaped backslash", step("wf", `\\ud800`, "U-3"), 201, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			status, body := b.client.V1(t, "POST", "/v1/steps", tc.body)
+			msg, _ := body["error"].(string)
+			if status != tc.want || !strings.Contains(msg, tc.msg) {
+				t.Errorf("%d %q, want %d containing %q", status, msg, tc.want, tc.msg)
+			}
+		})
+	}
+}
