@@ -154,7 +154,7 @@ func New(cfg Config) *Server {
 		Grace: cfg.BodyGrace, MinRate: cfg.MinBodyRate,
 		BudgetName: "the in-flight body budget (-max-inflight-body-bytes)", Gauge: gauge,
 	})}
-	s.handle("POST /webhook", "webhook", s.withBody(s.webhook))
+	s.handle("POST /webhook", "webhook", s.browserless(s.withBody(s.webhook)))
 	s.handle("/webhook", "webhook", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Allow", "POST")
 		writeError(w, r, http.StatusMethodNotAllowed, "method "+oneLine(r.Method)+": the webhook takes POST")
