@@ -212,7 +212,7 @@ func readyChecks(db *sql.DB, enq *tasks.Enqueuer, needRedis bool, secrets []stri
 }
 
 // newMetrics is the full metric set, with the deployment's queues (ns)
-// read through an Inspector that gives up quickly when Redis is down.
+// read through a client that gives up quickly when Redis is down.
 func newMetrics(redisOpt asynq.RedisConnOpt, ns *tasks.Namespace) *metrics.Set {
 	return metrics.New(newQueueReader(redisOpt, ns), tasks.TaskTypes(), tasks.QueueLabels()...)
 }

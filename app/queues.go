@@ -3,9 +3,12 @@ package app
 import (
 	"context"
 	"database/sql"
+	"errors"
+	"fmt"
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 	"github.com/rs/zerolog"
 
 	"github.com/stepcollect/stepcollect/metrics"
@@ -13,20 +16,23 @@ import (
 	"github.com/stepcollect/stepcollect/tasks"
 )
 
-// queueReader reads asynq's queues for metrics.QueueCollector, through an
-// Inspector that gives up quickly when Redis is down (tasks.WithFastFailure).
+// queueReader reads asynq's queues for metrics.QueueCollector, through a
+// client that gives up quickly when Redis is down (tasks.WithFastFailure).
 // It reads this deployment's queues only, under their labels
 // (asynq_queue_size{queue="stepcollect"}): another deployment's on the same
 // Redis database are not its own.
 type queueReader struct {
 	insp *asynq.Inspector
+	rc   redis.UniversalClient // nil when asynq made another kind of client
 	ns   *tasks.Namespace
 }
 
 var _ metrics.QueueReader = queueReader{}
 
 func newQueueReader(r asynq.RedisConnOpt, ns *tasks.Namespace) queueReader {
-	return queueReader{asynq.NewInspector(tasks.WithFastFailure(r)), ns}
+	r = tasks.WithFastFailure(r)
+	rc, _ := r.MakeRedisClient().(redis.UniversalClient)
+	return queueReader{asynq.NewInspector(r), rc, ns}
 }
 
 // Queues implements metrics.QueueReader: the labels of this deployment's
@@ -47,16 +53,44 @@ func (q queueReader) Queues() ([]string, error) {
 }
 
 // QueueStats implements metrics.QueueReader, for the queue labelled label.
+// It counts asynq's lists itself: GetQueueInfo also samples task keys and
+// fails while a kept task's key has expired and asynq's janitor has not yet
+// dropped its id (hibiken/asynq#728), though Redis answers.
 func (q queueReader) QueueStats(label string) (metrics.QueueStats, error) {
-	info, err := q.insp.GetQueueInfo(q.ns.Names().Name(label))
-	if err != nil {
-		return metrics.QueueStats{}, err
+	if q.rc == nil {
+		return metrics.QueueStats{}, errors.New("reading the queue: not a go-redis client")
 	}
-	// asynq v0.26 documents Size as every state but completed, and adds
-	// completed in: the sweeper's tasks are kept completed a while, and a
-	// "queue not empty" alert on asynq_queue_size never cleared.
-	return metrics.QueueStats{Size: max(0, info.Size-info.Completed), Latency: info.Latency, Pending: info.Pending, Active: info.Active,
-		Scheduled: info.Scheduled, Retry: info.Retry, Archived: info.Archived, Completed: info.Completed}, nil
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	prefix := "asynq:{" + q.ns.Names().Name(label) + "}:" // asynq's internal/base key layout
+	var pending, active, scheduled, retry, archived, completed *redis.IntCmd
+	var oldest *redis.StringCmd
+	_, err := q.rc.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		pending, active = p.LLen(ctx, prefix+"pending"), p.LLen(ctx, prefix+"active")
+		scheduled, retry = p.ZCard(ctx, prefix+"scheduled"), p.ZCard(ctx, prefix+"retry")
+		archived, completed = p.ZCard(ctx, prefix+"archived"), p.ZCard(ctx, prefix+"completed")
+		oldest = p.LIndex(ctx, prefix+"pending", -1) // asynq pushes on the left
+		return nil
+	})
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return metrics.QueueStats{}, fmt.Errorf("reading queue %s: %w", label, err)
+	}
+	var latency time.Duration
+	if id := oldest.Val(); id != "" {
+		since, err := q.rc.HGet(ctx, prefix+"t:"+id, "pending_since").Int64()
+		if err != nil && !errors.Is(err, redis.Nil) { // nil: it left the queue meanwhile
+			return metrics.QueueStats{}, fmt.Errorf("reading queue %s: %w", label, err)
+		}
+		if since > 0 {
+			latency = max(0, time.Since(time.Unix(0, since)))
+		}
+	}
+	// Size is every state but completed: the sweeper's tasks are kept
+	// completed a while, and a "queue not empty" alert would never clear.
+	st := metrics.QueueStats{Latency: latency, Pending: int(pending.Val()), Active: int(active.Val()),
+		Scheduled: int(scheduled.Val()), Retry: int(retry.Val()), Archived: int(archived.Val()), Completed: int(completed.Val())}
+	st.Size = st.Pending + st.Active + st.Scheduled + st.Retry + st.Archived
+	return st, nil
 }
 
 // readNamespace sets ns to the deployment's queue names, read from db, and

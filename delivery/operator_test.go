@@ -1,10 +1,15 @@
 package delivery_test
 
 import (
+	"bufio"
+	"io"
+	"net"
 	"net/http"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/stepcollect/stepcollect/delivery"
 	"github.com/stepcollect/stepcollect/internal/testkit"
@@ -114,4 +119,78 @@ func TestAPauseStopsEveryDispatcherAndAResumeDeliversEverything(t *testing.T) {
 		t.Errorf("event %s delivered %d times", id, n)
 	}
 	rcv.Check(t)
+}
+
+// rawStatusReceiver answers every request with status, a raw status line
+// (HTTP allows any byte in its reason), and counts the requests.
+func rawStatusReceiver(t *testing.T, status string, posts *atomic.Int32) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				for {
+					req, err := http.ReadRequest(br)
+					if err != nil {
+						return
+					}
+					io.Copy(io.Discard, req.Body)
+					posts.Add(1)
+					if _, err := io.WriteString(c, "HTTP/1.1 "+status+"\r\nContent-Length: 0\r\n\r\n"); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return "http://" + ln.Addr().String() + "/"
+}
+
+// A receiver whose status line is not UTF-8, or whose reason is cut
+// mid-character at 1000 bytes, still has its failures recorded: the event
+// backs off, is held at MaxAttempts and listed, with valid text.
+func TestAStatusLineThatIsNotUTF8IsRecordedAndTheEventHeld(t *testing.T) {
+	t.Parallel()
+	for name, status := range map[string]string{
+		"latin1":      "503 Serv\xe9ce Unavailable",
+		"cut at 1000": "503 x" + strings.Repeat("é", 600),
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			_, store := testkit.NewStorage(t, stepmysql.WithOutbox())
+			completions(t, store, "raw", 1)
+			var posts atomic.Int32
+			url := rawStatusReceiver(t, status, &posts)
+			runDispatcher(t, delivery.DispatchConfig{MaxAttempts: 3, MaxBackoff: 100 * time.Millisecond}, url, store)
+			testkit.WaitUntil(t, 15*time.Second, "the event held", func() (bool, any) {
+				h := heldEvents(t, store)
+				return len(h) == 1, posts.Load()
+			})
+			h := heldEvents(t, store)[0]
+			if h.Attempts != 3 || h.LastError == nil || !utf8.ValidString(*h.LastError) || len(*h.LastError) > 1000 ||
+				!strings.HasPrefix(*h.LastError, "callback answered 503 ") {
+				t.Errorf("held event %+v (last_error %q), want 3 attempts and the receiver's 503 as valid UTF-8 of at most 1000 bytes", h, deref(h.LastError))
+			}
+			if n := posts.Load(); n != 3 {
+				t.Errorf("%d posts, want 3", n)
+			}
+		})
+	}
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return "<nil>"
+	}
+	return *s
 }

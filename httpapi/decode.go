@@ -2,11 +2,15 @@ package httpapi
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"reflect"
+	"strconv"
+	"strings"
+	"unicode/utf16"
 	"unicode/utf8"
 
 	"github.com/stepcollect/stepcollect/internal/bodyadmit"
@@ -312,6 +316,104 @@ func checkUTF8(body []byte) error {
 		i += n
 	}
 	return nil
+}
+
+// checkSurrogates refuses a \u escape of half a UTF-16 surrogate pair,
+// naming the field that holds it: encoding/json takes it for U+FFFD, so
+// an id sent that way would be stored as another id than the client's.
+func checkSurrogates(body []byte) error {
+	for i := 0; ; {
+		j := bytes.IndexByte(body[i:], '\\')
+		if j < 0 || i+j+1 >= len(body) {
+			return nil
+		}
+		at := i + j
+		if body[at+1] != 'u' {
+			i = at + 2 // an escape of one character: \\ is not the start of \u
+			continue
+		}
+		r, ok := hex4(body[at+2:])
+		switch {
+		case !ok || !utf16.IsSurrogate(r):
+		case r < 0xdc00 && len(body) >= at+12 && body[at+6] == '\\' && body[at+7] == 'u':
+			if r2, ok := hex4(body[at+8:]); ok && r2 >= 0xdc00 && r2 <= 0xdfff {
+				i = at + 12 // a whole pair
+				continue
+			}
+			fallthrough
+		default:
+			return invalid(fmt.Sprintf("%s: %s at byte %d is half a UTF-16 surrogate pair, not a character", oneLine(jsonPath(body, at)), body[at:at+6], at))
+		}
+		i = at + 2
+	}
+}
+
+// hex4 reads the four hex digits of a \u escape.
+func hex4(b []byte) (rune, bool) {
+	if len(b) < 4 {
+		return 0, false
+	}
+	n, err := strconv.ParseUint(string(b[:4]), 16, 16)
+	return rune(n), err == nil
+}
+
+// jsonPath names the value of body in which byte off lies, as
+// "commands[1].command_uuid", or "body" at the top or when body is not JSON.
+func jsonPath(body []byte, off int) string {
+	type level struct {
+		array  bool
+		index  int    // an array's current element
+		key    string // an object's current key
+		hasKey bool   // the key is read, its value comes next
+	}
+	var stack []level
+	name := func() string {
+		var b strings.Builder
+		for _, l := range stack {
+			switch {
+			case l.array:
+				fmt.Fprintf(&b, "[%d]", l.index)
+			case b.Len() > 0:
+				b.WriteString("." + l.key)
+			default:
+				b.WriteString(l.key)
+			}
+		}
+		return cmp.Or(b.String(), "body")
+	}
+	valueDone := func() {
+		if n := len(stack); n > 0 {
+			stack[n-1].index++
+			stack[n-1].hasKey = false
+		}
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			return "body"
+		}
+		top := len(stack) - 1
+		inKey := top >= 0 && !stack[top].array && !stack[top].hasKey
+		switch tok {
+		case json.Delim('{'), json.Delim('['):
+			stack = append(stack, level{array: tok == json.Delim('[')})
+			continue
+		case json.Delim('}'), json.Delim(']'):
+			stack = stack[:top]
+			valueDone()
+			continue
+		}
+		if inKey {
+			stack[top].key, stack[top].hasKey = tok.(string), true
+		}
+		if dec.InputOffset() > int64(off) {
+			return name()
+		}
+		if !inKey {
+			valueDone()
+		}
+	}
 }
 
 func invalid(msg string) error { return &storage.Error{Code: storage.EInvalid, Message: msg} }

@@ -154,7 +154,7 @@ func New(cfg Config) *Server {
 		Grace: cfg.BodyGrace, MinRate: cfg.MinBodyRate,
 		BudgetName: "the in-flight body budget (-max-inflight-body-bytes)", Gauge: gauge,
 	})}
-	s.handle("POST /webhook", "webhook", s.withBody(s.webhook))
+	s.handle("POST /webhook", "webhook", s.browserless(s.withBody(s.webhook)))
 	s.handle("/webhook", "webhook", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Allow", "POST")
 		writeError(w, r, http.StatusMethodNotAllowed, "method "+oneLine(r.Method)+": the webhook takes POST")
@@ -211,6 +211,12 @@ const cancelStepsPattern = "DELETE /v1/enrollments/{id}/steps"
 // trailing-slash marker, so an enrollment id of "/" (%2F) matched nothing
 // and could be stored and never cancelled.
 func (s *Server) route(w http.ResponseWriter, r *http.Request) {
+	if strings.HasPrefix(r.URL.Path, "/v1/") {
+		// an answer holds what the key may read: no cache keeps it, and a
+		// browser reads it as the JSON it is
+		w.Header().Set("Cache-Control", "no-store")
+		w.Header().Set("X-Content-Type-Options", "nosniff")
+	}
 	if p := r.URL.EscapedPath(); strings.HasPrefix(p, "/v1/") && !cleanPath(p) {
 		s.unclean.ServeHTTP(w, r)
 		return

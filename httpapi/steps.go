@@ -47,7 +47,7 @@ func (s *Server) enqueueStep(w http.ResponseWriter, r *http.Request, body []byte
 		respondError(w, r, err, "decoding the step")
 		return
 	}
-	step, err := decodeStep(bytes.NewReader(body), s.stepLimits)
+	step, err := decodeStep(body, s.stepLimits)
 	if err != nil {
 		respondError(w, r, err, "decoding the step")
 		return
@@ -110,8 +110,11 @@ func (l stepLimits) check(ids, commands int) error {
 // decodeStep decodes POST /v1/steps's body. Every error is a one-line
 // storage.Error naming the field: EInvalid, or ETooLarge for a step over
 // lim, refused before any of its lists is built beyond the limit.
-func decodeStep(body io.Reader, lim stepLimits) (*nanostorage.StepEnqueuingWithConfig, error) {
-	dec := json.NewDecoder(body)
+func decodeStep(body []byte, lim stepLimits) (*nanostorage.StepEnqueuingWithConfig, error) {
+	if err := checkSurrogates(body); err != nil {
+		return nil, err
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields() // a misspelt field is an error, not a silent default
 	req := stepRequest{IDs: countedList[string]{max: lim.ids}, Commands: countedList[commandRequest]{max: lim.commands}}
 	if err := dec.Decode(&req); err != nil {

@@ -1,7 +1,6 @@
 package httpapi
 
 import (
-	"bytes"
 	"encoding/json"
 	"strings"
 	"testing"
@@ -38,13 +37,16 @@ func FuzzDecodeStep(f *testing.F) {
 		// times out of range, or not times
 		`{"timeout":"tomorrow"}`, `{"not_until":"0000-01-01T00:00:00Z"}`, `{"timeout":"9999-12-31T23:59:59Z"}`,
 		`{"timeout":"2040-01-01T00:00:00Z","not_until":"1960-01-01T00:00:00Z"}`, `{"timeout":"2026-13-01T00:00:00Z"}`,
+		// \u escapes of half a surrogate pair, and of whole ones
+		`{"ids":["a\ud800b"]}`, `{"workflow_name":"\udc00","ids":["\ud83d\ude00"]}`, `{"commands":[{"command_uuid":"\\ud800\ud800"}]}`,
+		`{"\ud800":1}`, `"\ud800"`, `{"ids":["\ud800\u`,
 		// not JSON
 		``, `{`, `{"ids":[`, "\x00\xff", `{"ids":["A"]} trailing`,
 	} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
-		step, err := decodeStep(bytes.NewReader(body), lim)
+		step, err := decodeStep(body, lim)
 		if err != nil {
 			if code := storage.ErrorCode(err); code != storage.EInvalid && code != storage.ETooLarge {
 				t.Fatalf("error %q has code %q, want invalid or too_large", err, code)

@@ -142,6 +142,13 @@ func TestV1EnqueueRejectsBadStepsNamingTheFieldAndWritesNothing(t *testing.T) {
 		{"an id not UTF-8", `{"workflow_name":"wf","instance_id":"i","ids":["A` + "\xff" + `"],"commands":[{"command_uuid":"U-2","request_type":"X"}]}`,
 			400, "body: not UTF-8 at byte 49 (0xff); JSON must be UTF-8"},
 		{"an id with a control character", step(func(m map[string]any) { m["ids"] = []string{"A\tB"} }), 400, `ids[0]: "A\tB" holds a control character`},
+		// names are shown, logged and compared as something else, as ids would be
+		{"a workflow name with NUL", step(func(m map[string]any) { m["workflow_name"] = "wf\x00" }), 400, `workflow_name: "wf\x00" holds a control character`},
+		{"an instance id with a newline", step(func(m map[string]any) { m["instance_id"] = "i\n2" }), 400, `instance_id: "i\n2" holds a control character`},
+		{"a step name with DEL", step(func(m map[string]any) { m["step_name"] = "s\x7f" }), 400, `step_name: "s\x7f" holds a control character`},
+		{"a request type with a C1 control", step(func(m map[string]any) {
+			m["commands"] = []map[string]string{{"command_uuid": "U-3", "request_type": "Device\u0085Information"}}
+		}), 400, `commands[0].request_type: "Device\u0085Information" holds a control character`},
 		{"bad time", step(func(m map[string]any) { m["timeout"] = "tomorrow" }), 400, `timeout: "tomorrow" is not an RFC 3339 time`},
 		// the zero time was taken for "not set": a step sent now, or the default timeout
 		{"year 1 not_until", step(func(m map[string]any) { m["not_until"] = "0001-01-01T00:00:00Z" }), 400, "not_until: 0001-01-01T00:00:00Z is outside what MySQL can store"},
@@ -339,5 +346,72 @@ func TestStepIDsInPathsAreDigitsAlone(t *testing.T) {
 	}
 	if status, _ := b.client.V1(t, "GET", fmt.Sprintf("/v1/steps/%d", id), nil); status != 200 {
 		t.Errorf("GET /v1/steps/%d: %d, want 200", id, status)
+	}
+}
+
+// encoding/json takes a \u escape of half a UTF-16 surrogate pair for
+// U+FFFD: the step would hold another id than the one sent. It is a 400
+// naming the field; a whole pair, or an escaped backslash before u, is
+// taken.
+func TestV1EnqueueRefusesALoneSurrogateNamingTheField(t *testing.T) {
+	b := setup(t, nil)
+	step := func(wf, id, uuid string) string {
+		return `{"workflow_name":"` + wf + `","instance_id":"i","ids":["` + id + `"],"commands":[{"command_uuid":"` + uuid + `","request_type":"X"}]}`
+	}
+	for _, tc := range []struct {
+		name, body string
+		want       int
+		msg        string
+	}{
+		{"in an id", step("wf", `a\ud800b`, "U-1"), 400, `ids[0]: \ud800 at byte 49 is half a UTF-16 surrogate pair`},
+		{"a low half alone", step(`w\uDC00`, "A", "U-1"), 400, `workflow_name: \uDC00 at byte 19 is half a UTF-16 surrogate pair`},
+		{"a high half before another escape", step("wf", "A", `U\ud800\u0041`), 400, `commands[0].command_uuid: \ud800 at byte`},
+		{"a high half at the end", step("wf", "A", `U\udbff`), 400, `commands[0].command_uuid: \udbff at byte`},
+		{"in a second command", `{"workflow_name":"wf","instance_id":"i","ids":["A"],"commands":[{"command_uuid":"U-1","request_type":"X"},{"command_uuid":"U-2","request_type":"X\ud800"}]}`,
+			400, `commands[1].request_type: \ud800 at byte`},
+		{"two high halves", step("wf", `\ud800\ud800\udc00`, "U-1"), 400, `ids[0]: \ud800 at byte`},
+		{"a whole pair", step("wf", `\ud83d\ude00`, "U-2"), 201, ""},
+		{"an escaped backslash", step("wf", `\\ud800`, "U-3"), 201, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			status, body := b.client.V1(t, "POST", "/v1/steps", tc.body)
+			msg, _ := body["error"].(string)
+			if status != tc.want || !strings.Contains(msg, tc.msg) {
+				t.Errorf("%d %q, want %d containing %q", status, msg, tc.want, tc.msg)
+			}
+		})
+	}
+}
+
+// Every /v1 answer, a refusal included, is not kept by a cache (it holds
+// what the key may read) nor sniffed as another type than its JSON.
+func TestV1AnswersAreNotCachedNorSniffed(t *testing.T) {
+	b := setup(t, nil)
+	id := b.enqueue(t, "wf", []string{"A"}, "U-1")
+	for _, tc := range []struct {
+		method, path, key, body string
+		want                    int
+	}{
+		{"GET", "/v1/steps", apiKey, "", 200},
+		{"GET", fmt.Sprintf("/v1/steps/%d", id), apiKey, "", 200},
+		{"POST", "/v1/steps", apiKey, "{", 400},
+		{"GET", "/v1/steps", "wrong", "", 401},
+		{"GET", "/v1/nothing", apiKey, "", 404},
+		{"PUT", "/v1/steps", apiKey, "", 405},
+		{"GET", "/v1/events", apiKey, "", 200},
+	} {
+		req, err := http.NewRequest(tc.method, b.srv.URL+tc.path, strings.NewReader(tc.body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bearer "+tc.key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if cc, xcto := resp.Header.Get("Cache-Control"), resp.Header.Get("X-Content-Type-Options"); resp.StatusCode != tc.want || cc != "no-store" || xcto != "nosniff" {
+			t.Errorf("%s %s: %d, Cache-Control %q, X-Content-Type-Options %q; want %d, no-store, nosniff", tc.method, tc.path, resp.StatusCode, cc, xcto, tc.want)
+		}
 	}
 }

@@ -2,7 +2,10 @@ package httpapi
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
+	"strconv"
+	"strings"
 
 	nanostorage "github.com/micromdm/nanocmd/engine/storage"
 	"github.com/rs/zerolog"
@@ -11,6 +14,33 @@ import (
 	"github.com/stepcollect/stepcollect/metrics"
 	"github.com/stepcollect/stepcollect/storage"
 )
+
+// RefuseBrowserWebhook says why r, a POST to an MDM webhook, is refused as
+// a browser's: an Origin header, or Sec-Fetch-Site other than same-origin or
+// none. NanoMDM sends neither; a cross-site form POST (text/plain, no
+// preflight) would otherwise be taken as a device's result.
+func RefuseBrowserWebhook(r *http.Request) error {
+	if site := r.Header.Get("Sec-Fetch-Site"); site != "" && site != "same-origin" && site != "none" {
+		return fmt.Errorf("refused: a browser's request from another origin (Sec-Fetch-Site: %s); the webhook takes the MDM server's POSTs, which carry neither Origin nor Sec-Fetch-Site", strconv.Quote(oneLine(site)))
+	}
+	if origin, ok := r.Header["Origin"]; ok {
+		return fmt.Errorf("refused: a browser's request (Origin: %s); the webhook takes the MDM server's POSTs, which carry no Origin", strconv.Quote(oneLine(strings.Join(origin, ", "))))
+	}
+	return nil
+}
+
+// browserless refuses a browser's POST (RefuseBrowserWebhook) with a 403,
+// before its body is read.
+func (s *Server) browserless(next http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if err := RefuseBrowserWebhook(r); err != nil {
+			s.result(metrics.OutcomeRejected)
+			writeError(w, r, http.StatusForbidden, err.Error())
+			return
+		}
+		next(w, r)
+	}
+}
 
 // webhook takes NanoMDM's webhook. NanoMDM posts each result once and never
 // again, and only logs a non-200: so a 200 means committed, and nothing but

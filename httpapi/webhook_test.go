@@ -417,3 +417,48 @@ func TestAnUncleanV1PathIsRefusedNotRedirected(t *testing.T) {
 		t.Errorf("the step after the refusals: %d %v", status, st)
 	}
 }
+
+// A browser's POST to the webhook (a cross-site form sends text/plain with
+// no preflight) is a 403 naming why, and commits nothing, signed or not:
+// NanoMDM sends neither Origin nor Sec-Fetch-Site. NanoMDM's own POST
+// still completes the step.
+func TestWebhookRefusesABrowsersPOST(t *testing.T) {
+	b := setup(t, nil)
+	b.enqueue(t, "wf", []string{"DEV-1"}, "U-1")
+	before := snapshot(t, b.db.DB)
+	body := testkit.WebhookBody("DEV-1", "U-1", testkit.ResultPlist("DEV-1", "U-1", "Acknowledged"))
+	for _, tc := range []struct {
+		name    string
+		headers map[string]string
+		msg     string
+	}{
+		{"a cross-site form", map[string]string{"Origin": "https://evil.example", "Sec-Fetch-Site": "cross-site"}, "Sec-Fetch-Site"},
+		{"a same-site fetch", map[string]string{"Origin": "https://sub.example", "Sec-Fetch-Site": "same-site"}, "same-site"},
+		{"an Origin alone", map[string]string{"Origin": "null"}, "Origin"},
+		{"a same-origin POST", map[string]string{"Origin": "http://127.0.0.1", "Sec-Fetch-Site": "same-origin"}, "Origin"},
+	} {
+		req, err := http.NewRequest("POST", b.srv.URL+"/webhook", bytes.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Content-Type", "text/plain")
+		for k, v := range tc.headers {
+			req.Header.Set(k, v)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusForbidden || !strings.Contains(string(raw), tc.msg) || !strings.Contains(string(raw), "browser") {
+			t.Errorf("%s: %d %s, want 403 naming %s and the browser", tc.name, resp.StatusCode, raw, tc.msg)
+		}
+	}
+	if after := snapshot(t, b.db.DB); after != before {
+		t.Error("a browser's webhook POST changed the database")
+	}
+	if err := sendResult(b.sender(nil), "DEV-1", "U-1", "Acknowledged"); err != nil {
+		t.Errorf("NanoMDM's POST: %v", err)
+	}
+}

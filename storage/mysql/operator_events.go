@@ -16,10 +16,7 @@ import (
 // HoldEvent records a failed delivery and holds the event: no worker
 // claims it again until an operator releases it (ReleaseOrDeliverEvent).
 func (s *Storage) HoldEvent(ctx context.Context, ev storage.OutboxRef, reason string) error {
-	if len(reason) > 1000 {
-		reason = reason[:1000]
-	}
-	if _, err := s.db.ExecContext(ctx, qHoldEvent, reason, ev.ID, ev.EventID); err != nil {
+	if _, err := s.db.ExecContext(ctx, qHoldEvent, errorText(reason), ev.ID, ev.EventID); err != nil {
 		return fmt.Errorf("holding event %s (outbox row %d): %w", ev.EventID, ev.ID, err)
 	}
 	return nil

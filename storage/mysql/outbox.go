@@ -7,7 +7,9 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/stepcollect/stepcollect/events"
 	"github.com/stepcollect/stepcollect/storage"
@@ -188,13 +190,24 @@ func refKeys(evs []storage.OutboxRef) ([]int64, []string) {
 func (s *Storage) FailEvent(ctx context.Context, ev storage.OutboxRef, reason string, retryAt time.Time) error {
 	ctx, cancel := s.bounded(ctx)
 	defer cancel()
-	if len(reason) > 1000 {
-		reason = reason[:1000]
-	}
-	if _, err := s.db.ExecContext(ctx, qFailEvent, reason, dbTime(retryAt), dbTime(retryAt), ev.ID, ev.EventID); err != nil {
+	if _, err := s.db.ExecContext(ctx, qFailEvent, errorText(reason), dbTime(retryAt), dbTime(retryAt), ev.ID, ev.EventID); err != nil {
 		return fmt.Errorf("recording failed delivery of event %s (outbox row %d): %w", ev.EventID, ev.ID, err)
 	}
 	return nil
+}
+
+// errorText is reason as last_error can hold it: valid UTF-8 (a receiver's
+// status line may be Latin-1) of at most 1000 bytes, cut between characters.
+func errorText(reason string) string {
+	reason = strings.ToValidUTF8(reason, "\uFFFD")
+	if len(reason) <= 1000 {
+		return reason
+	}
+	cut := 1000
+	for !utf8.RuneStart(reason[cut]) {
+		cut--
+	}
+	return reason[:cut]
 }
 
 // Gauges reads what every replica exports at scrape time: the outbox and

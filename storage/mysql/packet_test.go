@@ -25,6 +25,16 @@ func serverMaxPacket(t *testing.T, db *sql.DB) int {
 	return testkit.Count(t, db, `SELECT @@max_allowed_packet`)
 }
 
+// bigCommands is how many commands (or results) of how many bytes the
+// server's packet takes raw but not as one event's base64: two of 7 MiB
+// for 16 MiB, each under the 16 MiB column whatever the packet.
+func bigCommands(t *testing.T, db *sql.DB) (n, size int) {
+	t.Helper()
+	packet := serverMaxPacket(t, db)
+	size = min(packet*7/16, 7*mib)
+	return packet/(size/3*4) + 1, size
+}
+
 // requireTooLarge fails t unless err is a storage.ETooLarge naming the
 // limit the storage derived from max_allowed_packet.
 func requireTooLarge(t *testing.T, err error, store *mysql.Storage) {
@@ -132,10 +142,11 @@ func TestAThirteenMiBResultIsRefusedAndAnElevenMiBOneBecomesItsEvent(t *testing.
 func TestAStepWhoseDueEventWouldNotFitIsRefusedAtEnqueue(t *testing.T) {
 	t.Parallel()
 	b := setup(t, &setupOpts{extra: []mysql.Option{mysql.WithOutbox()}})
-	step := testkit.FanOut("due-big", 2, 2)
+	cmds, size := bigCommands(t, b.db.DB)
+	step := testkit.FanOut("due-big", 2, cmds)
 	step.NotUntil = time.Now().Add(-time.Minute)
 	for i := range step.Commands {
-		step.Commands[i].Command = bytes.Repeat([]byte("c"), 7*mib)
+		step.Commands[i].Command = bytes.Repeat([]byte("c"), size)
 	}
 	_, err := b.store.StoreStepID(t.Context(), step, time.Now())
 	requireTooLarge(t, err, b.store)
@@ -168,12 +179,12 @@ func (l *logBuffer) String() string {
 	return l.b.String()
 }
 
-// scheduled is a storage on b's database sized for a 64 MiB packet (the
-// server's is smaller), to store what today's server could not deliver,
-// as a storage started before max_allowed_packet was lowered would have.
+// scheduled is a storage on b's database sized for four times the server's
+// packet, to store what today's server could not deliver, as a storage
+// started before max_allowed_packet was lowered would have.
 func scheduled(t *testing.T, b *bundle) *mysql.Storage {
 	t.Helper()
-	return testkit.OpenStorage(t, b.db.DB, mysql.WithOutbox(), mysql.WithMaxPacket(64<<20))
+	return testkit.OpenStorage(t, b.db.DB, mysql.WithOutbox(), mysql.WithMaxPacket(4*serverMaxPacket(t, b.db.DB)))
 }
 
 func requireSetAside(t *testing.T, b *bundle, logs *logBuffer, stepID int64, typ string) {
@@ -201,18 +212,19 @@ func requireSetAside(t *testing.T, b *bundle, logs *logBuffer, stepID int64, typ
 	}
 }
 
-// A due step whose step.due the server cannot take (two 7 MiB commands,
-// over a 16 MiB packet) is set aside, and the small due step behind it is
+// A due step whose step.due the server cannot take (bigCommands: two 7 MiB
+// commands over a 16 MiB packet) is set aside, and the small due step behind it is
 // sent: its step.due is in the outbox. Run again, nothing fails.
 func TestATooLargeDueStepIsSetAsideAndTheStepBehindItIsSent(t *testing.T) {
 	t.Parallel()
 	logs := &logBuffer{}
 	b := setup(t, &setupOpts{extra: []mysql.Option{mysql.WithOutbox(), mysql.WithLogger(zerolog.New(logs))}})
 	ctx := t.Context()
-	bigStep := testkit.FanOut("due-aside", 1, 2)
+	cmds, size := bigCommands(t, b.db.DB)
+	bigStep := testkit.FanOut("due-aside", 1, cmds)
 	bigStep.NotUntil = time.Now().Add(-2 * time.Minute)
 	for i := range bigStep.Commands {
-		bigStep.Commands[i].Command = bytes.Repeat([]byte("c"), 7*mib)
+		bigStep.Commands[i].Command = bytes.Repeat([]byte("c"), size)
 	}
 	bigID, err := scheduled(t, b).StoreStepID(ctx, bigStep, time.Now())
 	if err != nil {
@@ -242,7 +254,7 @@ func TestATooLargeDueStepIsSetAsideAndTheStepBehindItIsSent(t *testing.T) {
 }
 
 // The same for timeouts: a timed-out step whose enrollment's step.timed_out
-// (two 7 MiB results as they stood) the server cannot take is set aside,
+// (bigCommands' results, as they stood) the server cannot take is set aside,
 // and the small timed-out step behind it is reported.
 func TestATooLargeTimedOutStepIsSetAsideAndTheStepBehindItTimesOut(t *testing.T) {
 	t.Parallel()
@@ -250,14 +262,15 @@ func TestATooLargeTimedOutStepIsSetAsideAndTheStepBehindItTimesOut(t *testing.T)
 	b := setup(t, &setupOpts{extra: []mysql.Option{mysql.WithOutbox(), mysql.WithLogger(zerolog.New(logs))}})
 	ctx := t.Context()
 	big := scheduled(t, b)
-	bigStep := testkit.FanOut("to-aside", 1, 3)
+	cmds, size := bigCommands(t, b.db.DB)
+	bigStep := testkit.FanOut("to-aside", 1, cmds+1) // one left unanswered
 	bigStep.Timeout = time.Now().Add(-2 * time.Minute)
 	bigID, err := big.StoreStepID(ctx, bigStep, time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
-	for c := range 2 {
-		if _, err := big.StoreCommandResponseAndRetrieveCompletedStep(ctx, bigStep.IDs[0], bigResult(bigStep.Commands[c].CommandUUID, 7*mib)); err != nil {
+	for c := range cmds {
+		if _, err := big.StoreCommandResponseAndRetrieveCompletedStep(ctx, bigStep.IDs[0], bigResult(bigStep.Commands[c].CommandUUID, size)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -276,8 +289,8 @@ func TestATooLargeTimedOutStepIsSetAsideAndTheStepBehindItTimesOut(t *testing.T)
 		t.Errorf("the small step's step.timed_out: %d in the outbox, want 1", got)
 	}
 	requireSetAside(t, b, logs, bigID, events.StepTimedOut)
-	if got := b.enrollmentRows(t, bigStep.IDs[0]); got != 3 {
-		t.Errorf("the set-aside step's enrollment holds %d rows, want its 3 (nothing deleted)", got)
+	if got := b.enrollmentRows(t, bigStep.IDs[0]); got != cmds+1 {
+		t.Errorf("the set-aside step's enrollment holds %d rows, want its %d (nothing deleted)", got, cmds+1)
 	}
 	if n, err := b.store.TimeOutSteps(ctx, time.Now()); err != nil || n != 0 {
 		t.Errorf("the next run: %d timed out, %v; want nothing, no error", n, err)

@@ -59,10 +59,7 @@ func (s *Storage) narrow(ctx context.Context, err error, what string, limit, ful
 func (s *Storage) setAside(ctx context.Context, stepID int64, eventType string, cause error) error {
 	// One line of valid UTF-8 that fits its column: a reason the server
 	// refused would hold the step back after all.
-	reason := strings.ToValidUTF8(strings.Join(strings.Fields(cause.Error()), " "), "?")
-	if len(reason) > 1000 {
-		reason = strings.ToValidUTF8(reason[:1000], "")
-	}
+	reason := errorText(strings.Join(strings.Fields(cause.Error()), " "))
 	found := false
 	err := s.inTx(ctx, storage.OpSetAside, func(ctx context.Context, tx *sql.Tx, _ *attempt) error {
 		found = false

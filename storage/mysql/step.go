@@ -238,12 +238,18 @@ func validateStep(step *nanostorage.StepEnqueuingWithConfig) error {
 		return inv("workflow_name: missing")
 	case len(step.WorkflowName) > maxNameLen:
 		return inv("workflow_name: longer than %d bytes", maxNameLen)
+	case hasControl(step.WorkflowName):
+		return inv("workflow_name: %q holds a control character", step.WorkflowName)
 	case step.InstanceID == "":
 		return inv("instance_id: missing")
 	case len(step.InstanceID) > maxNameLen:
 		return inv("instance_id: longer than %d bytes", maxNameLen)
+	case hasControl(step.InstanceID):
+		return inv("instance_id: %q holds a control character", step.InstanceID)
 	case len(step.Name) > maxNameLen:
 		return inv("step_name: longer than %d bytes", maxNameLen)
+	case hasControl(step.Name):
+		return inv("step_name: %q holds a control character", step.Name)
 	case len(step.Context) > maxMediumText:
 		return inv("context: larger than %d bytes", maxMediumText)
 	case !storableTime(step.NotUntil):
@@ -290,6 +296,8 @@ func validateStep(step *nanostorage.StepEnqueuingWithConfig) error {
 			return inv("commands[%d].request_type: missing", i)
 		case len(c.RequestType) > maxRequestTypeLen:
 			return inv("commands[%d].request_type: longer than %d bytes", i, maxRequestTypeLen)
+		case hasControl(c.RequestType):
+			return inv("commands[%d].request_type: %q holds a control character", i, c.RequestType)
 		case len(c.Command) > maxMediumText:
 			return inv("commands[%d].command: larger than %d bytes", i, maxMediumText)
 		case !step.NotUntil.IsZero() && len(c.Command) == 0:
@@ -301,7 +309,7 @@ func validateStep(step *nanostorage.StepEnqueuingWithConfig) error {
 }
 
 // hasControl reports whether s holds a C0 or C1 control character or DEL,
-// which no enrollment id or command UUID holds (they would be shown,
+// which no enrollment id, command UUID or name holds (they would be shown,
 // logged and compared as something else).
 func hasControl(s string) bool {
 	return strings.ContainsFunc(s, unicode.IsControl)
