@@ -217,28 +217,33 @@ func startInventory(t *testing.T, m *strictMDM, n, maxURL int) (*storageenginmem
 	return st, all, err
 }
 
-// One start for 3,000 ids reaches every id, each command UUID in one
-// request: the step is split into steps whose ids fit a request.
+// One start for 3,000 or 10,000 ids reaches every id, each command UUID in
+// one request: the step is split into steps whose ids fit a request.
 func TestAStartReachesEveryID(t *testing.T) {
 	t.Parallel()
-	m := newStrictMDM(t)
-	st, all, err := startInventory(t, m, 3000, DefaultMaxURLBytes)
-	if err != nil {
-		t.Fatalf("start: %v", err)
+	for _, n := range []int{3000, 10000} {
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			t.Parallel()
+			m := newStrictMDM(t)
+			st, all, err := startInventory(t, m, n, DefaultMaxURLBytes)
+			if err != nil {
+				t.Fatalf("start: %v", err)
+			}
+			for _, id := range all {
+				if len(m.queued[id]) != 2 { // DeviceInformation and SecurityInfo
+					t.Fatalf("%s was enqueued %d commands, want 2 (%d of %d ids reached)", id, len(m.queued[id]), len(m.queued), len(all))
+				}
+			}
+			if m.maxPath > DefaultMaxURLBytes {
+				t.Errorf("a request's path was %d bytes, over %d", m.maxPath, DefaultMaxURLBytes)
+			}
+			running, err := st.RetrieveOutstandingWorkflowStatus(context.Background(), inventory.WorkflowName, all)
+			if err != nil || len(running) != len(all) {
+				t.Fatalf("%d of %d ids outstanding (%v)", len(running), len(all), err)
+			}
+			t.Logf("%d ids: %d enqueue requests, longest path %d bytes", n, m.reqs, m.maxPath)
+		})
 	}
-	for _, id := range all {
-		if len(m.queued[id]) != 2 { // DeviceInformation and SecurityInfo
-			t.Fatalf("%s was enqueued %d commands, want 2 (%d of %d ids reached)", id, len(m.queued[id]), len(m.queued), len(all))
-		}
-	}
-	if m.maxPath > DefaultMaxURLBytes {
-		t.Errorf("a request's path was %d bytes, over %d", m.maxPath, DefaultMaxURLBytes)
-	}
-	running, err := st.RetrieveOutstandingWorkflowStatus(context.Background(), inventory.WorkflowName, all)
-	if err != nil || len(running) != len(all) {
-		t.Fatalf("%d of %d ids outstanding (%v)", len(running), len(all), err)
-	}
-	t.Logf("3000 ids: %d enqueue requests, longest path %d bytes", m.reqs, m.maxPath)
 }
 
 // Ids the MDM server refuses: the start answers an error naming them and
