@@ -115,6 +115,7 @@ bench-build:
 	cd bench && $(GO) build -o ../bin/bench/fanout-nanocmd-v0.7.1 ./cmd/fanout-nanocmd
 	cd bench && $(GO) build -modfile=go.v070.mod -o ../bin/bench/fanout-nanocmd-v0.7.0 ./cmd/fanout-nanocmd
 	cd bench && $(GO) build -o ../bin/bench/nanocmd github.com/micromdm/nanocmd/cmd/nanocmd
+	$(GO) build -o bin/bench/nanomdm github.com/micromdm/nanomdm/cmd/nanomdm
 	rm -f bin/bench/nanocmd-schema.sql
 	d=$$(cd bench && $(GO) list -m -f '{{.Dir}}' github.com/micromdm/nanocmd) && \
 		cat $$d/engine/storage/mysql/schema.sql $$d/subsystem/profile/storage/mysql/schema.sql > bin/bench/nanocmd-schema.sql

@@ -284,6 +284,9 @@ func report(results []*fanout.Result, side sideRuns, version string, mysqlSrv, g
 	if side.dropin != nil {
 		b.WriteString(side.dropin.markdown())
 	}
+	if side.real != nil {
+		b.WriteString(side.real.markdown())
+	}
 
 	if slices.ContainsFunc(results, func(r *fanout.Result) bool { return r.Mode == fanout.ModeUncontended }) {
 		b.WriteString(uncontendedMarkdown(results))
