@@ -88,7 +88,9 @@ services:
 # stepcollect side by side with NanoCMD v0.7.0 and v0.7.1, the floor and the
 # service, on a private mariadbd, and the same fan-out rows on the MySQL at
 # BENCH_MYSQL_DSN (scripts/mysql.sh's; BENCH_MYSQL_DSN= skips them); each
-# server also with the binary log written (sync_binlog=1). Writes
+# server also with the binary log written (sync_binlog=1); and NanoCMD's
+# inventory workflow through NanoMDM's own server (bin/bench/nanomdm) to 500
+# simulated Macs (-realstack-n; -only realstack runs it alone). Writes
 # docs/bench/results.md and charts.
 # BENCH_N=25,300 BENCH_FLAGS=-skip-large-table for a quick look.
 BENCH_N ?= 25,100,300,3000,10000

@@ -56,9 +56,10 @@ type realStackServer struct {
 
 // realStackResult is the section: one run a server.
 type realStackResult struct {
-	Mode string          `json:"mode"` // "realstack"
-	N    int             `json:"n"`
-	Runs []*realStackRun `json:"runs"`
+	Mode   string          `json:"mode"` // "realstack"
+	N      int             `json:"n"`
+	Before string          `json:"before,omitempty"` // -realstack-before
+	Runs   []*realStackRun `json:"runs"`
 }
 
 // realStackRun is one server's run.
@@ -90,7 +91,7 @@ type realStackRun struct {
 // NanoCMD v0.7.1's on MySQL (-mysql-dsn) or its file storage, and, when
 // before names one, an older build of stepcollect's nanocmd as the first.
 func (r *runner) realStack(n int, before string) (*realStackResult, error) {
-	res := &realStackResult{Mode: "realstack", N: n}
+	res := &realStackResult{Mode: "realstack", N: n, Before: before}
 	own := r.ownTarget(configs[0])
 	var theirs *dbTarget
 	if r.mysqlSrv != nil {
@@ -357,9 +358,10 @@ func (s *realStackResult) markdown() string {
 	}
 	b.WriteString("\n")
 	for _, run := range s.Runs {
-		fmt.Fprintf(&b, "- %s: starts answered %s%s; %d of %d devices handed a command; NanoMDM refused a command it already held %d times",
+		fmt.Fprintf(&b, "- %s: starts answered %s%s; %d of %d devices handed a command, results of %d command UUIDs; "+
+			"NanoMDM refused a command UUID it already held %d times",
 			run.Server, answersString(run.StartAnswers), ifs(run.StartNote != "", ", the first other than 200: "+run.StartNote),
-			run.Reached, s.N, run.Refused)
+			run.Reached, s.N, run.Webhooks.UUIDs, run.Refused)
 		if run.DB != "" {
 			fmt.Fprintf(&b, "; %s CPU per result %s ms", run.DB, run.perResult(run.DB))
 		}
@@ -368,7 +370,7 @@ func (s *realStackResult) markdown() string {
 		}
 		b.WriteString(".\n")
 	}
-	b.WriteString("\n")
+	fmt.Fprintf(&b, "\nThis section alone: `make bench BENCH_FLAGS='-only realstack -realstack-n %d%s'`.\n\n", s.N, ifs(s.Before != "", " -realstack-before "+s.Before))
 	return b.String()
 }
 
@@ -405,7 +407,9 @@ type webhookCounts struct {
 	ResultsOK int            `json:"results_2xx"`
 	Non2xx    int            `json:"non_2xx"` // of every post; no answer counts as 502
 	Statuses  map[string]int `json:"statuses"`
+	UUIDs     int            `json:"command_uuids"` // distinct, among the results
 	reached   map[string]bool
+	uuids     map[string]bool
 }
 
 // startWebhookProxy starts a proxy to target (a base URL) on a free port.
@@ -458,6 +462,8 @@ func (p *webhookProxy) count(body []byte, code int) {
 	if ev.Ack != nil && ev.Ack.CommandUUID != "" {
 		p.c.Results++
 		p.c.reached[ev.Ack.UDID] = true
+		p.c.uuids[ev.Ack.CommandUUID] = true
+		p.c.UUIDs = len(p.c.uuids)
 		if ok {
 			p.c.ResultsOK++
 		}
@@ -467,7 +473,7 @@ func (p *webhookProxy) count(body []byte, code int) {
 func (p *webhookProxy) reset() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.c = webhookCounts{Statuses: map[string]int{}, reached: map[string]bool{}}
+	p.c = webhookCounts{Statuses: map[string]int{}, reached: map[string]bool{}, uuids: map[string]bool{}}
 }
 
 // counts is a copy of the counts now.
@@ -475,7 +481,7 @@ func (p *webhookProxy) counts() webhookCounts {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	c := p.c
-	c.Statuses, c.reached = maps.Clone(p.c.Statuses), maps.Clone(p.c.reached)
+	c.Statuses, c.reached, c.uuids = maps.Clone(p.c.Statuses), maps.Clone(p.c.reached), maps.Clone(p.c.uuids)
 	return c
 }
 

@@ -40,7 +40,7 @@ func TestTheWebhookProxyCountsPostsAnswersAndDevicesReached(t *testing.T) {
 
 	c := p.counts()
 	if c.Posts != 3 || c.Results != 2 || c.ResultsOK != 1 || c.Non2xx != 1 || len(c.reached) != 2 ||
-		c.Statuses["200"] != 2 || c.Statuses["500"] != 1 || p.resultsOK() != 1 {
-		t.Fatalf("counts %+v, want 3 posts, 2 results (1 answered 2xx), 1 non-2xx, 2 devices reached", c)
+		c.Statuses["200"] != 2 || c.Statuses["500"] != 1 || c.UUIDs != 1 || p.resultsOK() != 1 {
+		t.Fatalf("counts %+v, want 3 posts, 2 results of 1 command UUID (1 answered 2xx), 1 non-2xx, 2 devices reached", c)
 	}
 }
