@@ -88,7 +88,9 @@ services:
 # stepcollect side by side with NanoCMD v0.7.0 and v0.7.1, the floor and the
 # service, on a private mariadbd, and the same fan-out rows on the MySQL at
 # BENCH_MYSQL_DSN (scripts/mysql.sh's; BENCH_MYSQL_DSN= skips them); each
-# server also with the binary log written (sync_binlog=1). Writes
+# server also with the binary log written (sync_binlog=1); and NanoCMD's
+# inventory workflow through NanoMDM's own server (bin/bench/nanomdm) to 500
+# simulated Macs (-realstack-n; -only realstack runs it alone). Writes
 # docs/bench/results.md and charts.
 # BENCH_N=25,300 BENCH_FLAGS=-skip-large-table for a quick look.
 BENCH_N ?= 25,100,300,3000,10000
@@ -115,6 +117,7 @@ bench-build:
 	cd bench && $(GO) build -o ../bin/bench/fanout-nanocmd-v0.7.1 ./cmd/fanout-nanocmd
 	cd bench && $(GO) build -modfile=go.v070.mod -o ../bin/bench/fanout-nanocmd-v0.7.0 ./cmd/fanout-nanocmd
 	cd bench && $(GO) build -o ../bin/bench/nanocmd github.com/micromdm/nanocmd/cmd/nanocmd
+	$(GO) build -o bin/bench/nanomdm github.com/micromdm/nanomdm/cmd/nanomdm
 	rm -f bin/bench/nanocmd-schema.sql
 	d=$$(cd bench && $(GO) list -m -f '{{.Dir}}' github.com/micromdm/nanocmd) && \
 		cat $$d/engine/storage/mysql/schema.sql $$d/subsystem/profile/storage/mysql/schema.sql > bin/bench/nanocmd-schema.sql

@@ -198,14 +198,10 @@ type Proc struct {
 // when t ends if it is still running.
 func StartProc(t testing.TB, bin string, env []string, args ...string) *Proc {
 	t.Helper()
-	cmd := exec.Command(bin, args...)
-	cmd.Env = append(os.Environ(), env...)
-	logs := &LogBuffer{}
-	cmd.Stdout, cmd.Stderr = logs, logs
-	if err := cmd.Start(); err != nil {
+	p, err := StartProcess(bin, env, args...)
+	if err != nil {
 		t.Fatal(err)
 	}
-	p := &Proc{Cmd: cmd, logs: logs}
 	t.Cleanup(func() {
 		if p.Cmd.ProcessState == nil {
 			p.Cmd.Process.Kill()
@@ -216,6 +212,19 @@ func StartProc(t testing.TB, bin string, env []string, args ...string) *Proc {
 		}
 	})
 	return p
+}
+
+// StartProcess is StartProc outside a test (the bench's): the caller
+// stops the process (Kill, Stop).
+func StartProcess(bin string, env []string, args ...string) (*Proc, error) {
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), env...)
+	logs := &LogBuffer{}
+	cmd.Stdout, cmd.Stderr = logs, logs
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	return &Proc{Cmd: cmd, logs: logs}, nil
 }
 
 // PID is the process's id.

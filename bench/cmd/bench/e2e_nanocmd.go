@@ -215,6 +215,12 @@ func startInventory(client *http.Client, base string, ids []string, nc *proc) (s
 // commands' values: the serial number DeviceInformation answered and
 // SecurityInfo's SIP state.
 func inventoryMissing(client *http.Client, base string, ids []string) (int, error) {
+	return inventoryLacking(client, base, ids, func(id string) string { return "SN" + id })
+}
+
+// inventoryLacking is inventoryMissing of ids whose serial numbers are
+// serial(id).
+func inventoryLacking(client *http.Client, base string, ids []string, serial func(id string) string) (int, error) {
 	q := url.Values{}
 	for _, id := range ids {
 		q.Add("id", id)
@@ -237,7 +243,7 @@ func inventoryMissing(client *http.Client, base string, ids []string) (int, erro
 	missing := 0
 	for _, id := range ids {
 		v := inv[id]
-		if v["serial_number"] != "SN"+id || v["sip_enabled"] == nil {
+		if v["serial_number"] != serial(id) || v["sip_enabled"] == nil {
 			missing++
 		}
 	}

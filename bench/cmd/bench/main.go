@@ -14,7 +14,8 @@
 // more worker processes drain a backlog committed while none ran
 // (-workers, drain.go). And end to end against NanoCMD v0.7.1's own
 // server, each given the same step and the same results through NanoMDM's
-// webhook sender (-e2e-n, e2e.go).
+// webhook sender (-e2e-n, e2e.go); and the inventory workflow through
+// NanoMDM's own server to simulated Macs (-realstack-n, realstack.go).
 package main
 
 import (
@@ -353,6 +354,7 @@ type sideRuns struct {
 	drains []*drainResult
 	e2e    *e2eResult
 	dropin *dropInResult
+	real   *realStackResult
 	large  *largeTable
 	prof   *profiled
 }
@@ -385,6 +387,12 @@ func (r *runner) runSideRuns(o *options) sideRuns {
 			die("drop-in: %v", err)
 		}
 		r.recordJSON(s.dropin)
+	}
+	if o.runRealStack() {
+		if s.real, err = r.realStack(o.realStackN, o.realStackBefore); err != nil {
+			die("real stack: %v", err)
+		}
+		r.recordJSON(s.real)
 	}
 	if !o.skipBig {
 		s.large = r.largeTable(o.want)

@@ -5,8 +5,10 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -97,10 +99,12 @@ type Options struct {
 	Debug bool
 	// Args are further flags.
 	Args []string
+	// Binary is the server's binary; Start builds it (Binary) when empty.
+	Binary string
 }
 
-// Server is a NanoMDM server run by a test, on 127.0.0.1 and a free port,
-// killed when the test ends.
+// Server is a NanoMDM server run by a test (or the bench), on 127.0.0.1
+// and a free port, killed when the test ends (or by StartProcess's stop).
 type Server struct {
 	URL        string // http://127.0.0.1:<port>
 	MDMURL     string // check-ins and command reports, /mdm
@@ -119,24 +123,71 @@ const APIUser = "nanomdm"
 // answers.
 func Start(t testing.TB, o Options) *Server {
 	t.Helper()
-	ca, err := NewCA()
+	if o.Binary == "" {
+		o.Binary = Binary(t)
+	}
+	s, stop, err := StartProcess(t.TempDir(), o)
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := t.TempDir()
+	t.Cleanup(func() {
+		stop()
+		if t.Failed() {
+			t.Logf("nanomdm output:\n%s", s.Logs())
+		}
+	})
+	return s
+}
+
+// StartProcess is Start outside a test (the bench's): o.Binary is
+// required, dir holds the CA (and a file storage's default directory),
+// and stop kills the server.
+func StartProcess(dir string, o Options) (s *Server, stop func(), err error) {
+	if o.Binary == "" {
+		return nil, nil, errors.New("starting NanoMDM: no binary (Options.Binary)")
+	}
+	ca, err := NewCA()
+	if err != nil {
+		return nil, nil, err
+	}
 	caPath := filepath.Join(dir, "ca.pem")
 	if err := os.WriteFile(caPath, ca.PEM(), 0o600); err != nil {
-		t.Fatal(err)
+		return nil, nil, err
 	}
-	addr := testkit.FreeAddr(t)
-	s := &Server{
+	port, err := testkit.PickPort()
+	if err != nil {
+		return nil, nil, err
+	}
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	s = &Server{
 		URL:        "http://" + addr,
 		APIKey:     "nanomdm-test-" + strconv.Itoa(os.Getpid()),
 		CertHeader: cmp.Or(o.CertHeader, DefaultCertHeader),
 		CA:         ca,
 	}
 	s.MDMURL, s.EnqueueURL, s.PushURL = s.URL+"/mdm", s.URL+"/v1/enqueue/", s.URL+"/v1/push/"
-	args := []string{"-listen", addr, "-api", s.APIKey, "-ca", caPath, "-cert-header", s.CertHeader}
+	if s.Proc, err = testkit.StartProcess(o.Binary, nil, args(dir, addr, s, o)...); err != nil {
+		return nil, nil, fmt.Errorf("starting NanoMDM: %w", err)
+	}
+	stop = s.Proc.Kill
+	if _, ok := testkit.Watch(time.Now().Add(30*time.Second), func() bool {
+		resp, err := http.Get(s.URL + "/version")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	}); !ok {
+		state := s.Proc.Describe()
+		stop()
+		return nil, nil, fmt.Errorf("NanoMDM did not answer %s/version within 30s (%s):\n%s", s.URL, state, s.Logs())
+	}
+	return s, stop, nil
+}
+
+// args is NanoMDM's command line for o, listening on addr.
+func args(dir, addr string, s *Server, o Options) []string {
+	args := []string{"-listen", addr, "-api", s.APIKey, "-ca", filepath.Join(dir, "ca.pem"), "-cert-header", s.CertHeader}
 	storage := cmp.Or(o.Storage, "inmem")
 	args = append(args, "-storage", storage)
 	switch storage {
@@ -159,10 +210,7 @@ func Start(t testing.TB, o Options) *Server {
 	if o.Debug {
 		args = append(args, "-debug")
 	}
-	args = append(args, o.Args...)
-	s.Proc = testkit.StartProc(t, Binary(t), nil, args...)
-	testkit.AwaitHTTP(t, s.Proc, s.URL+"/version", 30*time.Second)
-	return s
+	return append(args, o.Args...)
 }
 
 // Logs is everything NanoMDM wrote so far.
