@@ -1,16 +1,13 @@
-//go:build ignore
-
-// ops measures what one statement of the result path costs the database
-// server and its client, 64 at a time on 64 connections, against the
-// bench's floor (a single-row autocommit UPDATE of the row's own key):
+// probe-ops measures what one statement of the result path costs the
+// database server and its client, 64 at a time on 64 connections, against
+// the bench's floor (a single-row autocommit UPDATE of the row's own key):
 // each mode runs n of one statement over n id_commands rows of one step
 // (or, "/spread", of 64 steps), on a fresh database made by stepcollect's
-// own migrations, the modes alternated round by round. The server's CPU
-// comes from /proc (-pid), the client's from its own rusage, both counted
-// until 300 ms after the last answer (the purge that follows). MariaDB
-// and MySQL alike.
+// own migrations, the modes alternated round by round. Both CPUs come
+// from /proc (the server's by -pid), counted until 300 ms after the last
+// answer (the purge that follows). MariaDB and MySQL alike.
 //
-//	go run docs/bench/ops-2026-12-07/ops.go -pid $(pgrep -x mariadbd) -n 10000 -rounds 4 \
+//	cd bench && go run ./cmd/probe-ops -pid $(pgrep -x mariadbd) -n 10000 -rounds 4 \
 //	    -modes update,call,delete,insert,insertsmall,select,delete/noidx
 //
 // A mode is a statement (modes below), optionally /<variant>: noidx, nolp
@@ -18,10 +15,13 @@
 // step_id's with its foreign key); nsarg and pk rewrite the completion's
 // DELETE without a range on step_id (step_id + 0, or no step_id at all);
 // spread gives the rows 64 steps instead of one; nouniq drops the
-// outbox's unique event_id key. The modes updres and updsmall are the
-// completion in place, as NanoCMD keeps results: the enrollment's row
-// updated by key with the event (or one byte) as its result, autocommit,
-// no outbox row.
+// outbox's unique event_id key; varbin makes the outbox's payload a
+// VARBINARY(4000), not a LONGBLOB; prepared sends the statement as a
+// server-side prepared statement (binary protocol, prepared once a
+// connection) instead of interpolated text. The modes updres and
+// updsmall are the completion in place, as NanoCMD keeps results: the
+// enrollment's row updated by key with the event (or one byte) as its
+// result, autocommit, no outbox row.
 package main
 
 import (
@@ -30,11 +30,11 @@ import (
 	"flag"
 	"fmt"
 	"log"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	_ "github.com/go-sql-driver/mysql"
@@ -122,9 +122,11 @@ BEGIN
 END`))
 	case "nouniq":
 		must(db.Exec(`ALTER TABLE stepcollect_outbox DROP INDEX outbox_event_id`))
-	case "spread":
-		// the same two indexes, the rows' step ids spread over 64 steps
-
+	case "varbin":
+		must(db.Exec(`ALTER TABLE stepcollect_outbox MODIFY payload VARBINARY(4000) NOT NULL`))
+	case "spread", "prepared":
+		// spread: the same two indexes, the rows' step ids over 64 steps;
+		// prepared: the schema as migrated
 	}
 	// rows inserted a thousand a statement, so that MySQL (without
 	// MariaDB's sequence engine) runs it too
@@ -140,7 +142,10 @@ END`))
 		}
 		must(db.Exec(`INSERT INTO id_commands (enrollment_id, command_uuid, step_id, request_type) VALUES ` + strings.Join(rows, ",")))
 	}
+	q := modes[base]
+	// every connection open (and its statement prepared) before the clock
 	conns := make([]*sql.Conn, conc)
+	stmts := make([]*sql.Stmt, conc)
 	for i := range conns {
 		c, err := db.Conn(ctx)
 		if err != nil {
@@ -148,8 +153,12 @@ END`))
 		}
 		defer c.Close()
 		conns[i] = c
+		if strip == "prepared" {
+			if stmts[i], err = c.PrepareContext(ctx, q); err != nil {
+				log.Fatal(err)
+			}
+		}
 	}
-	q := modes[base]
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	time.Sleep(500 * time.Millisecond)
@@ -179,14 +188,23 @@ END`))
 				case "insertsmall":
 					args = []any{ev, "step.completed", int64(1), e}
 				}
-				if base == "select" {
+				switch {
+				case base == "select":
+					var row *sql.Row
+					if stmts[i] != nil {
+						row = stmts[i].QueryRowContext(ctx, args...)
+					} else {
+						row = conns[i].QueryRowContext(ctx, q, args...)
+					}
 					var c int
-					if err := conns[i].QueryRowContext(ctx, q, args...).Scan(&c); err != nil {
+					if err := row.Scan(&c); err != nil {
 						log.Fatal(err)
 					}
-					continue
+				case stmts[i] != nil:
+					must(stmts[i].ExecContext(ctx, args...))
+				default:
+					must(conns[i].ExecContext(ctx, q, args...))
 				}
-				must(conns[i].ExecContext(ctx, q, args...))
 			}
 		}()
 	}
@@ -204,18 +222,17 @@ func step(strip string, k int64) int64 {
 }
 
 // serverCPU is the server's CPU time so far, in ms.
-func serverCPU(pid int) float64 {
+func serverCPU(pid int) float64 { return cpuMS(pid) }
+
+// selfCPU is this process's CPU time so far, in ms.
+func selfCPU() float64 { return cpuMS(os.Getpid()) }
+
+func cpuMS(pid int) float64 {
 	d, err := testkit.ProcessCPU(pid)
 	if err != nil {
 		log.Fatal(err)
 	}
-	return float64(d.Milliseconds())
-}
-
-func selfCPU() float64 {
-	var ru syscall.Rusage
-	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	return float64(ru.Utime.Nano()+ru.Stime.Nano()) / 1e6
+	return float64(d.Microseconds()) / 1000
 }
 
 func must(_ sql.Result, err error) {
