@@ -32,16 +32,12 @@ const (
 // After brakeAfter POSTs in a row that the receiver did not answer about
 // their event (no answer, a timeout, a 5xx, a redirect, or a refusal of
 // any request: 401, 403, 407, 408, 429), it is taken to be down, and the
-// worker probes it rather than trying every due event: its loops claim
-// one event at a time, one every probeEvery across the worker, until a
-// POST is answered (a 2xx, or a 4xx that judges the event: judged). A
-// success then ends every backoff (kickAfter). Without it, a receiver down
-// while thousands of events are pending was sent each of them every 5 to
-// 10 s (the backoff cap), and every failure was an UPDATE on the database
-// the webhooks commit to. Probes alternate between the newest due event
-// and one at a random place in the outbox (a prober store), never the
-// oldest each time: a receiver that fails only some events (503 for one
-// workflow) could keep the oldest failing for hours while the rest waited.
+// worker only probes it, one event every probeEvery, until a POST is
+// answered (a 2xx, or a 4xx that judges the event: judged); a success then
+// ends every backoff (kickAfter). So a receiver that is down is not sent
+// every pending event, each failure an UPDATE on the webhooks' database.
+// Probes alternate between the newest due event and a random one (a
+// prober store): the oldest each time could fail for hours.
 const (
 	brakeAfter    = 192
 	probeEvery    = 250 * time.Millisecond
@@ -131,15 +127,13 @@ type DispatchConfig struct {
 
 // Dispatcher delivers the outbox by polling it: each loop claims a batch of
 // events nobody is delivering (FOR UPDATE SKIP LOCKED, then a lease), up to
-// the places free among MaxInflight POSTs, and starts their POSTs; each
-// event is acknowledged as its POST succeeds, or given a backoff, and frees
-// its place. A loop waits for the POSTs it started for at most straggle:
-// one that waited for its whole batch held every event claimed after it
-// for as long as the slowest POST (up to the 30 s timeout, for each hung
-// event). The outbox
-// decides who delivers, so any number of workers may run it, nothing
-// depends on Redis, and an event whose worker died is delivered by another
-// once its lease lapses.
+// the places free among MaxInflight POSTs, and starts their POSTs; each is
+// acknowledged or given a backoff as it ends, and frees its place. A loop
+// waits for its POSTs at most straggle, so a hung POST holds only its own
+// place. The outbox decides who delivers: any number of workers may run
+// it, nothing depends on Redis, and a dead worker's events are delivered
+// by another once their lease lapses (docs/design.md, "Events: the outbox
+// and delivery").
 type Dispatcher struct {
 	cfg DispatchConfig
 	d   *Deliverer

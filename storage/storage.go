@@ -31,16 +31,11 @@ type ReleasedStep struct {
 
 // ReleaseSink is the storage's hook for the steps a commit released: the
 // storage calls it after its own transaction has committed, with every
-// step that transaction released rows of, unchecked, instead of checking
-// and collecting them inline. A sink, not a collector: what receives them
-// only passes them on (the api's collector.Handoff batches them onto the
-// queue, off the request path); the check, the claim and the deletes are
-// the collector's, later (storage/mysql's Collect, run by the collect
-// task). The last release of a step is handed over after the commit that
-// left it unreferenced, so its check cannot miss it. An error is logged
-// and counted, never returned to the storage's caller (the result it
-// committed is what matters), and the step stays behind for a later
-// collection or sweep.
+// step that transaction released rows of, unchecked, instead of collecting
+// them inline. It only passes them on (the api's collector.Handoff queues
+// them); the check, claim and deletes are the collector's, later. An error
+// is logged and counted, never returned to the storage's caller, and the
+// step waits for a later collection or sweep.
 type ReleaseSink interface {
 	StepsReleased(ctx context.Context, steps []ReleasedStep) error
 }

@@ -161,32 +161,13 @@ func (e *Enqueuer) enqueue(ctx context.Context, t *asynq.Task, opts []asynq.Opti
 }
 
 // WithFastFailure shortens a Redis connection's timeouts where they were
-// left at go-redis's defaults (5 s dial, 3 s read and write, 3 retries),
-// which would otherwise hold a webhook request for seconds when Redis is
-// down.
-//
-// For Sentinel (redis-sentinel://, a failover client) the same three
-// settings are what following a failover needs, as e2e/failover measures
-// (a primary SIGKILLed, one frozen with SIGSTOP, a SENTINEL FAILOVER back:
-// the api's enqueues worked again within a second of each promotion; what
-// a failover loses outright is the README's "Redis" section):
-//
-//   - DialTimeout: every new connection first asks a Sentinel for the
-//     primary's address (go-redis's sentinel client dials with this
-//     timeout too), then dials that address. A primary whose host is gone
-//     without a reset, or a Sentinel that is, costs half a second per try,
-//     and the next try asks a Sentinel again, which names the promoted
-//     replica as soon as there is one.
-//   - ReadTimeout and WriteTimeout: a command sent to a primary that hangs
-//     (or is cut off) waits this long, or until the client hears
-//     Sentinel's +switch-master and closes every connection to the old
-//     address, whichever comes first; the Sentinel queries obey them too.
-//
-// Retries and the pool wait are not in asynq.RedisFailoverClientOpt, so
-// go-redis's defaults stay: 3 retries with 8 to 512 ms backoff after a
-// connection error or a READONLY answer (a demoted primary), whose
-// connection is closed, so that a new one asks Sentinel again; a pool
-// wait of read timeout + 1 s. The Enqueuer's context (1 s) bounds both.
+// left at go-redis's defaults (5 s dial, 3 s read and write), which would
+// otherwise hold a webhook request for seconds when Redis is down. For
+// Sentinel the same bounds are what following a failover needs: every new
+// connection asks a Sentinel for the primary, and a command to a hung
+// primary ends at the read timeout or at +switch-master. go-redis's retries
+// and pool wait stay, bounded by the Enqueuer's 1 s context. What a
+// failover costs (e2e/failover): docs/operations.md, "Redis".
 func WithFastFailure(r asynq.RedisConnOpt) asynq.RedisConnOpt {
 	switch o := r.(type) {
 	case asynq.RedisClientOpt:

@@ -1,42 +1,12 @@
 // Package tasks holds stepcollect's asynq task types, their versioned JSON
 // payloads, and the options they are enqueued with, in one place.
 //
-// # Why collection never strands a step
-//
-// asynq rejects a task whose TaskID is already taken while the first one is
-// pending, active or retained. A naive "one collect task per step, enqueued
-// after every commit" can therefore lose the enqueue that mattered: an
-// earlier task checks while the step is still referenced, and the enqueue
-// made when the last reference went is rejected because that earlier task
-// is still active.
-//
-// So collect tasks carry no TaskID at all. Each process gathers the steps
-// its commits released for a few milliseconds (collector.Handoff) and enqueues one
-// task for all of them, off the request path. The task checks each step
-// without a lock, claims the unreferenced ones with FOR UPDATE SKIP LOCKED
-// and deletes them. The last release of a step is handed over after the
-// commit that left it unreferenced, so the check it triggers sees it so
-// ("unreferenced" is terminal: id_commands rows are only inserted with
-// their own new step). A step the claim skipped is not taken as collected:
-// it is checked again until a read shows it gone, and the task is retried
-// if it is still held. Duplicates are harmless: a step already gone is
-// counted and skipped.
-//
-// What the queue cannot protect against, it does not try to: a hand-off
-// lost outright (a process killed between commit and enqueue, or more
-// released steps than the hand-off keeps while Redis is down) is found by the
-// sweeper, which pages through the steps table.
-//
-// # Why sweeps do not multiply with replicas
-//
-// Every worker replica runs the sweep ticker (the asynq Scheduler has no
-// leader election, and neither does this). Ticks are aligned to multiples of
-// the interval, and the sweep task's TaskID names that slot, retained for an
-// interval: N replicas enqueue the same TaskID, one is accepted, and exactly
-// one sweep runs per interval however many replicas there are. A replica
-// that cannot reach Redis at its tick keeps trying within the slot, so a
-// sweep runs as soon as Redis returns, and anything committed while it was
-// down is collected within one interval of its return.
+// Collect tasks carry no TaskID: asynq refuses a duplicate while the first
+// is still active, which could swallow the enqueue of a step's last
+// release, and a duplicate collect is harmless. Sweep and schedule tasks
+// carry a TaskID naming their interval slot, so one runs per interval
+// however many replicas tick. Why no step is stranded: docs/design.md,
+// "The worker: collection and the sweeper".
 package tasks
 
 import (

@@ -1,30 +1,12 @@
 // Package bodyadmit reads request bodies whole into memory under a budget
 // that no client can hold without sending: the api's webhook and
 // POST /v1/steps and the drop-in's webhook (docs/reference.md, "Limits").
-//
-// No share of the budget is held for bytes that have not arrived, so a
-// client that sends headers and nothing holds nothing but its connection:
-//
-//  1. The first firstChunk bytes are read into the request's own buffer. A
-//     body that fits (every ordinary MDM result) is then whole.
-//  2. A larger body takes its size from the arrival pool (half the budget)
-//     and reads the rest; it must keep arriving at Config.MinRate after
-//     Config.Grace, or it is cut off with a 408 and gives its share back.
-//  3. A whole body takes its decoding share (WorkingSetFactor x its size)
-//     from the decoding pool, gives back its arrival share, and holds the
-//     decoding share until its handler returns. Waiting here ends when the
-//     client hangs up: the body has been read to its end, so the server
-//     watches the connection.
-//
-// Both pools serve their waiters in order (golang.org/x/sync/semaphore), so
-// a large body is not starved by a stream of small ones; a body waiting for
-// its decoding share has arrived whole, so nothing there waits on a client.
-//
-// A body whole in its first chunk (every ordinary MDM result) takes its
-// decoding share from a pool of its own, an eighth of the budget, so that
-// it never waits in line behind large ones: three 30 MB steps, each
-// holding its share while it is stored, held every small result up for
-// seconds.
+// No share is held for bytes that have not arrived: the first firstChunk
+// bytes go into the request's own buffer; a larger body takes its size
+// from the arrival pool and must keep arriving (Config.Grace, MinRate);
+// a whole body holds its decoding share until its handler returns, from a
+// pool of its own if it fit the first chunk. The steps and why:
+// docs/design.md, "How a body is admitted".
 package bodyadmit
 
 import (

@@ -7,25 +7,18 @@ import (
 	"unicode/utf16"
 )
 
-// A bplist00 is "bplist00", the objects, an offset table giving each
-// object's offset, and a 32-byte trailer (CFBinaryPlistTrailer):
-//
-//	5 unused bytes, sort version, offset int size, object ref size,
-//	number of objects (8), top object (8), offset table offset (8)
-//
-// An object is a marker byte (type in the high nibble, a count or size in
-// the low one, 0xF for "a length int follows") and its content; arrays and
-// dicts hold object refs (indexes into the offset table), dicts their keys'
-// refs first, then their values'.
-//
-// The scanner checks the trailer and the offset table against the bytes
-// present, then walks the graph from the top object with an explicit stack
-// (no recursion), reading each object once: a memo holds each object's
-// size, the number of elements it expands to in a tree (itself, plus its
-// children's sizes), so shared references are counted as a tree-building
-// decoder would meet them without being walked again, and an object met
-// while it is being walked contains itself. The work is linear in the bytes
-// read: the objects reached, each once, and their refs.
+// A bplist00 is "bplist00", the objects, a table of their offsets, and a
+// 32-byte trailer (CFBinaryPlistTrailer: 5 unused bytes, sort version,
+// offset int size, object ref size, then 8 bytes each: number of objects,
+// top object, offset table offset). An object is a marker byte (type in
+// the high nibble, a count or size in the low one, 0xF for "a length int
+// follows") and its content; arrays and dicts hold object refs, dicts
+// their keys' first. The scanner checks trailer and offsets against the
+// bytes present, then walks from the top object with an explicit stack,
+// each object once: a memo holds each one's size as a tree would expand
+// it, so shared refs count as a tree-building decoder meets them without
+// being walked again, and an object met while being walked contains
+// itself. Linear in the bytes read.
 
 const bplistMagic = "bplist00"
 

@@ -8,19 +8,15 @@ import (
 	"unicode/utf8"
 )
 
-// encoding/xml reads a document a byte at a time through an interface
-// call (its RawToken was a fifth of the api's CPU, one webhook's plist of
-// a few KiB taking tens of microseconds). fastTokens reads the XML that
-// plist writers produce (Apple's, micromdm/plist's, Python's plistlib)
-// straight from the bytes, into the same tokens RawToken gives, for the
-// same xmlScanner to check. Anything outside that subset, which RawToken
-// might read another way (CDATA, a processing instruction other than the
-// XML declaration, a numeric character reference, a carriage return,
-// attributes other than plain ones, names other than ASCII letters), and
-// every error, sends the whole document to encoding/xml instead: the fast
-// path only ever accepts what encoding/xml accepts, with the same strings
-// (FuzzFastTokensAgreeWithEncodingXML), and every refusal, with its
-// message and offset, is encoding/xml's.
+// fastTokens reads the XML that plist writers produce (Apple's,
+// micromdm/plist's, Python's plistlib) straight from the bytes, into the
+// tokens encoding/xml's RawToken gives, for the same xmlScanner to check:
+// RawToken reads a byte at a time through an interface call. Anything
+// outside that subset (CDATA, processing instructions, character
+// references, carriage returns, unusual attributes or names) and every
+// error sends the whole document to encoding/xml, so the fast path accepts
+// only what encoding/xml accepts, with the same strings
+// (FuzzFastTokensAgreeWithEncodingXML), and every refusal is its.
 
 // errNotFast: the document leaves fastTokens' subset; read it with
 // encoding/xml.

@@ -12,23 +12,13 @@ import (
 const fullScanEvery = 250 * time.Millisecond
 
 // claimStart is where this process's next event claim starts reading the
-// outbox: after the highest row it claimed so far, or from the start.
-//
-// A claim reads the outbox's held_at index in id order, and from its
-// start it passes over every event being delivered (each a row lookup for
-// its lease) and every acknowledged one the server has not purged yet (a
-// delete-marked entry). In a burst those are thousands: reading only after
-// the last row claimed cut the server's CPU a result to done by 8% in the
-// service row (docs/bench/claimstart-2026-12-04).
-//
-// Rows at or below that point can still become due: an event whose
-// transaction committed after a claim passed over its row (ids are taken
-// at INSERT, so they commit out of order and SKIP LOCKED skips the
-// uncommitted), a lease that lapsed, a backoff that ended, an event an
-// operator released. So a claim scans from the start whenever the one
-// before it came back short of its limit (the worker has caught up, which
-// the dispatcher's idle polls always are) and at least every
-// fullScanEvery: nothing waits for a quiet moment longer than that.
+// outbox: after the highest row it claimed so far, where a burst leaves
+// thousands of in-flight and not-yet-purged rows before it to pass over;
+// or from the start, since rows below that point can still become due (a
+// late commit, a lapsed lease, an ended backoff, a release). A claim
+// scans from the start when the one before it came back short of its
+// limit and at least every fullScanEvery (docs/design.md, "Events: the
+// outbox and delivery"; measured in docs/benchmarks.md).
 type claimStart struct {
 	highest  atomic.Int64 // the highest row id this process claimed
 	full     atomic.Bool  // the next claim scans from the start

@@ -13,22 +13,14 @@ import (
 )
 
 // afterRelease runs after a transaction that deleted id_commands rows of
-// stepIDs has committed. With a ReleaseSink it hands them over at once,
-// unchecked: the collect task checks, claims and deletes them in batches, off
-// the request path. Without one it asks, without a lock, which of those
-// steps are now unreferenced, and collects them inline, in a group with
-// the releases of other callers running at the same time (see
-// releaseGroups).
-//
-// The last enrollment to commit always sees the step unreferenced: every
-// other enrollment's deletes committed before its own COMMIT returned, and
-// the check its group runs starts after that, in autocommit, so with a
-// fresh view. Others may see it too; the SKIP LOCKED claim lets exactly one
-// of them delete it.
-//
-// Nothing here is returned to the caller: the result it committed is what
-// matters, and a step left behind is inert until a later collection or the
-// sweeper takes it.
+// stepIDs has committed: with a ReleaseSink it hands them over unchecked;
+// without one it checks them without a lock and collects the unreferenced
+// ones inline, grouped with concurrent callers' (releaseGroups). The last
+// enrollment to commit always sees its step unreferenced, as its group's
+// check starts after its COMMIT with a fresh view; the SKIP LOCKED claim
+// lets one of many who see it delete it. Nothing is returned: the result
+// committed is what matters, and a step left behind waits for a later
+// collection or the sweeper.
 func (s *Storage) afterRelease(ctx context.Context, stepIDs []int64) {
 	if len(stepIDs) == 0 {
 		return

@@ -1,26 +1,8 @@
 // Package mysql is stepcollect's MySQL/MariaDB storage: a NanoCMD
-// storage.AllStorage whose result path locks only the reporting enrollment's
-// rows.
-//
-// The design, in short (the long form is in the README):
-//
-//   - A command result is committed in one short transaction that locks only
-//     the rows the reporting enrollment holds for that step (through the
-//     PRIMARY key) and decides there, from those rows, whether the step is
-//     complete for that enrollment.
-//   - Whether the step itself can go is a question about other enrollments'
-//     rows, so it is asked after the commit, outside any transaction (under
-//     REPEATABLE READ a transaction's snapshot would predate its peers'
-//     deletes and nobody would ever see the step unreferenced), and answered
-//     by a FOR UPDATE SKIP LOCKED claim and point deletes, or handed to a
-//     ReleaseSink (the api's hand-off to the queue) for the worker to do
-//     later.
-//   - That is safe because "unreferenced" is terminal: id_commands rows are
-//     inserted only in the transaction that creates their own new step.
-//   - Deadlocks (1213), lock wait timeouts (1205) and connections that break
-//     before COMMIT roll back and retry the whole transaction, bounded and
-//     jittered; a COMMIT whose outcome is unknown is retried in a way that
-//     is harmless if it did commit.
+// storage.AllStorage whose result path locks only the reporting
+// enrollment's rows, and collects a step after the commit, outside any
+// transaction, or hands it to a ReleaseSink. Why that is safe, and the
+// invariants every change keeps: docs/design.md.
 package mysql
 
 import (
@@ -155,16 +137,10 @@ const DefaultMaxActiveResults = 64
 // WithMaxActiveResults bounds the results (StoreCommandResponseAndRetrieveCompletedStep)
 // this storage has in a transaction at once: more wait their turn on their
 // context, and a try that backs off gives its turn up while it waits. Far
-// more transactions at once than the server has cores to run them only slow
-// every one of them down: they contend for the same latches, and the server
-// spins and switches between them instead of committing. Measured on a
-// 2-CPU server, the one-round-trip completion cost the server 0.65 to 0.69
-// ms of CPU with 128 at once and 0.35 to 0.47 ms with 8 to 64; with the
-// stricter setting's pool of 1000, three times what 64 at once did
-// (docs/benchmarks.md).
-// The pool (WithDB, OpenDB) may be larger, for the other statements and
-// the worker's. 0: DefaultMaxActiveResults; negative: no bound but the
-// pool's.
+// more transactions at once than the server has cores only slow each one
+// down (measured in docs/benchmarks.md). The pool (WithDB, OpenDB) may be
+// larger, for the other statements and the worker's. 0:
+// DefaultMaxActiveResults; negative: no bound but the pool's.
 func WithMaxActiveResults(n int) Option { return func(c *config) { c.maxResults = n } }
 
 // DefaultAttemptTimeout is how long one try of a transaction may take
@@ -173,15 +149,11 @@ const DefaultAttemptTimeout = 10 * time.Second
 
 // WithAttemptTimeout bounds each try of a transaction: past d its
 // connection is closed (the server rolls back what it held) and the
-// transaction is tried again on a fresh one, as after a broken connection;
-// a COMMIT cut off so is settled by evidence on the next try. 0 takes no
-// bound. Default DefaultAttemptTimeout.
-//
-// A server that went silent needs it: one cut off the network, or a Group
-// Replication primary that lost its majority, which holds every COMMIT
-// until the majority is back. Without it a webhook's transaction would wait
-// for TCP to give up on the connection (minutes), and every connection of
-// the pool with it (docs/operations.md, "Database clusters").
+// transaction is tried again on a fresh one, a COMMIT cut off so settled
+// by evidence. A server gone silent (cut off, or a Group Replication
+// primary without its majority) would otherwise hold a transaction, and
+// the pool, until TCP gives up (docs/operations.md, "Database clusters").
+// 0 takes no bound. Default DefaultAttemptTimeout.
 func WithAttemptTimeout(d time.Duration) Option { return func(c *config) { c.attemptTO = d } }
 
 // WithMaxPacket takes n bytes as the server's max_allowed_packet instead of
@@ -345,15 +317,11 @@ func (c sessionConnector) Connect(ctx context.Context) (driver.Conn, error) {
 
 // causalReads makes a Galera node's session wait, before each read, until
 // the node has applied every write the cluster committed before the read
-// began (wsrep_sync_wait's READ bit, kept beside any other the server
-// sets). Without it a node may read another node's commit as not yet
-// there: a result whose step was stored through another node was refused
-// as "no step holds this command", and an enrollment's last result read
-// its first, committed through another node, as outstanding, so that its
-// step never completed (storage/mysql/galera_test.go; docs/operations.md,
-// "Database clusters"). MySQL has no wsrep_on (error 1193) and MariaDB
-// without Galera has it off: nothing is set there. One statement per new
-// connection, none per transaction.
+// began (wsrep_sync_wait's READ bit, kept beside any other set), so that
+// no result reads another node's commit as not yet there
+// (docs/operations.md, "MariaDB Galera"). MySQL has no wsrep_on and
+// MariaDB without Galera has it off: nothing is set there. One statement
+// per new connection.
 func causalReads(ctx context.Context, conn driver.Conn) error {
 	rows, err := conn.(driver.QueryerContext).QueryContext(ctx, "SELECT @@wsrep_on", nil)
 	var me *mysql.MySQLError
@@ -404,13 +372,8 @@ func (s *Storage) Close() error {
 }
 
 // dbTime is t as the server should see it in a comparison: microseconds,
-// the most a TIMESTAMP holds. go-sql-driver sends a time.Time with all nine
-// digits of its nanoseconds unless told otherwise, and MariaDB 10.11 does not
-// take such a literal as a temporal constant: `not_until < '…10.105304044'`
-// is no range on the not_until index but a scan of all of it, and under
-// FOR UPDATE SKIP LOCKED a lock on every step in the table, held until the
-// claim's transaction ends. Each scheduler run did that, every 10 s, and
-// every collector claim in the meantime skipped the steps it came for.
-// OpenDB's pools truncate every time parameter already; this keeps the
-// claims right on a pool from WithDB as well.
+// the most a TIMESTAMP holds. MariaDB 10.11 takes a literal with nine
+// digits of nanoseconds as no temporal constant, so a claim's range on
+// not_until or timeout becomes a scan that locks every step (CHANGELOG,
+// before v0.1.0). OpenDB's pools truncate already; this covers WithDB's.
 func dbTime(t time.Time) time.Time { return t.Truncate(time.Microsecond) }

@@ -15,66 +15,15 @@ import (
 	nanostorage "github.com/micromdm/nanocmd/engine/storage"
 )
 
-// A completing result on a connTx costs two round trips and three
-// statements that read or write id_commands: the locking read, then the
-// delete and the outbox insert with COMMIT. Its writes depend on what the
-// locking read finds: that this result is the enrollment's last
-// outstanding one, and the others' results, which its step.completed
-// carries. This process has usually just seen that: an enrollment's
-// earlier results were stored through here (so its rows, with those
-// results, are known), and every enrollment of a fan-out has the same
-// commands (so a one-command step's first enrollment tells what every
-// other one holds). From that the completion predicts its rows, builds its
-// event, and sends everything in one round trip, with no locking read:
-//
-//	START TRANSACTION;
-//	DELETE the predicted rows by key, each only in its predicted state;
-//	INSERT the event, guarded: fail unless that deleted every one of them;
-//	COMMIT
-//
-// The delete is the locking read: it locks the rows it deletes, by their
-// primary keys, the enrollment's own and no other. The guard (on the
-// event's INSERT, qInsertOutboxGuarded, or a statement of its own,
-// qGuardDeleted, where there is no evidence row to carry it) is what keeps
-// this a prediction and never an inference: a row not in its predicted
-// state (a command still outstanding, a result other than the one the
-// event carries) is not deleted, ROW_COUNT() falls short, the guarded
-// statement fails, and the server runs nothing after it. The
-// completion then rolls the transaction back and runs the two-trip path
-// from the start. No row of a step can be missing from a prediction: an
-// enrollment's rows of a step are inserted together (StoreStep) and
-// deleted together (completion, cancel, timeout), so the predicted set is
-// all of them or the guard refuses.
-//
-// A result that leaves another command outstanding is predicted the same
-// way (the enrollment's rows as this process last stored them, or, for
-// its first result, the step's commands all outstanding), and stored in
-// one round trip with one statement on id_commands instead of the locking
-// read and the update:
-//
-//	START TRANSACTION; DO LAST_INSERT_ID(0);
-//	UPDATE the reported row and the others predicted outstanding, by key,
-//	  only while outstanding: the reported one's result written, each
-//	  row it takes counted into LAST_INSERT_ID();
-//	the guard: fail unless it took the reported row and every other;
-//	COMMIT
-//
-// The UPDATE locks what it takes, as the locking read would, and what
-// makes "not complete" true is that it holds, at COMMIT, at least one other
-// outstanding row: whoever completes the step must lock that row, and so
-// sees this result. The tally is in LAST_INSERT_ID() because an UPDATE's
-// own count is of changed rows, or of matched ones with the client's
-// found-rows flag, which a pool the storage did not open may set. A tally
-// the server counted otherwise than once a row only makes the guard
-// refuse: the tests assert that it does not on either server.
-//
-// A right prediction saves a round trip and the locking read (measured:
-// a completion's server CPU 0.27 ms instead of 0.39 ms; a store's 0.82 ms
-// instead of 1.07 ms on this machine's shared server, 64 at a time); a
-// wrong one costs a rolled-back statement and two round trips more.
-// Nothing here is a source of truth: an entry that is stale, evicted or
-// never learned only makes the guard refuse, or the result take its two
-// round trips.
+// A result this process can predict goes in one round trip with no locking
+// read: a completion deletes its predicted rows by key and writes its event,
+// a store updates its predicted rows by key, and a guard makes the server
+// refuse the rest of the transaction unless every row was in its predicted
+// state; a refused prediction is rolled back and runs the two-trip path.
+// The hints kept here are never a source of truth: one stale, evicted or
+// never learned only makes the guard refuse. The argument, and why no row
+// can be missing from a prediction (invariant 8): docs/design.md, "How a
+// result is committed".
 
 // hintsMaxShapes bounds the command → step entries kept, and
 // hintsMaxEnrollments and hintsMaxBytes the enrollments whose stored

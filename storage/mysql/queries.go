@@ -141,18 +141,13 @@ WHERE p.SPECIFIC_SCHEMA = DATABASE() AND p.ROUTINE_TYPE = 'PROCEDURE'
   AND p.PARAMETER_NAME IN ('p_enrollment', 'p_command')
   AND p.CHARACTER_SET_NAME = c.CHARACTER_SET_NAME AND p.COLLATION_NAME = c.COLLATION_NAME`
 
-	// A result predicted to leave another command outstanding
-	// (onetrip.go): one UPDATE takes the reported command's row and the
-	// others predicted outstanding, by primary key and only while
-	// outstanding, and so locks them as the locking read does; it writes
-	// the reported command's result and leaves the others as they are.
-	// Each row it takes counts itself into LAST_INSERT_ID(), the reported
-	// command's as 1000 and each other as 1 (the only per-row tally both
-	// servers keep in a session whatever the client's found-rows flag;
-	// the value is multiplied by 0, so no column changes by it). Its
-	// guard fails unless the tally is 1000 plus the others predicted: the
-	// reported command was outstanding and every other predicted
-	// outstanding still is, and locked. The tally is reset first.
+	// A result predicted to leave another command outstanding (onetrip.go):
+	// one UPDATE takes, by primary key and only while outstanding, the
+	// reported row (writing its result) and the others predicted outstanding,
+	// locking them as the locking read does. Each row counts itself into
+	// LAST_INSERT_ID() (the reported one as 1000, each other as 1; times 0, so
+	// no column changes), and the guard fails unless the tally is 1000 plus
+	// the others predicted (docs/design.md, "How a result is committed").
 	qResetTally     = `DO LAST_INSERT_ID(0)`
 	qRecordResultIf = `UPDATE id_commands SET
   result = IF(command_uuid = ?, ?, result),

@@ -22,27 +22,11 @@ import (
 
 // Group is a MySQL Group Replication group in single-primary mode: private
 // mysqld members from scripts/mysql.sh's chroot, each with its own datadir,
-// SQL port and group communication (XCom) port. A transaction commits on
-// the primary once a majority of the group has it, so a primary that dies
-// loses nothing it answered; the members left elect a new one (the member
-// weights make it member 1, then member 2).
-//
-// In front of it is the Balancer, a TCP proxy whose health check follows
-// the primary, as HAProxy with a MySQL check does: every 200 ms it connects
-// to each member over the network, as a client would, and sends new
-// connections to the one that answers with super_read_only off, closing
-// those it forwarded to the member before (on-marked-down
-// shutdown-sessions). A member cut off the network does not answer it.
-//
-// Why not MySQL Router: InnoDB Cluster's routing (metadata_cache), which
-// asks the group who is primary, needs the cluster metadata MySQL Shell
-// writes, and Debian packages no MySQL Shell. Router's static routing
-// (routing_strategy next-available, this list in election order) was
-// tried: with the api's and the worker's concurrent connections, the
-// refused or timed-out attempts to the dead primary used up every
-// destination within milliseconds ("no more destinations", two healthy
-// members left) and Router stopped listening for good
-// (docs/operations.md, "Database clusters").
+// SQL and XCom ports; the member weights make member 1, then member 2, the
+// next primary. In front of it is the Balancer, a TCP proxy whose health
+// check follows the primary as HAProxy's MySQL check does (every 200 ms,
+// over the network; closing the sessions it sent to the member before).
+// Why not MySQL Router: docs/operations.md, "MySQL Group Replication".
 type Group struct {
 	Members  []*SQLServer
 	Balancer *tcpproxy.Proxy

@@ -122,8 +122,13 @@ func TestSQLServerReadOnlyAndRestart(t *testing.T) {
 	}
 	for rows.Next() {
 		var id string
-		rows.Scan(&id)
+		if err := rows.Scan(&id); err != nil {
+			t.Fatal(err)
+		}
 		ids = append(ids, id)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
 	}
 	rows.Close()
 	if got := strings.Join(ids, ","); got != "1,4,5" {
