@@ -89,7 +89,9 @@ func (r *runner) drain(cfg serverConfig, n, workers int) (*drainResult, error) {
 	}
 	res.QueueDepth = prev
 	res.OutboxRows = e.outboxPending()
-	e.db.QueryRow(`SELECT COUNT(*) FROM steps`).Scan(&res.StepRows)
+	if err := e.db.QueryRow(`SELECT COUNT(*) FROM steps`).Scan(&res.StepRows); err != nil {
+		fmt.Fprintf(logOut, " (counting steps: %v)", err)
+	}
 	fmt.Fprintf(logOut, " api %.0f results/s; backlog %d steps, %d collect tasks, %d events …", res.APIPerS, res.StepRows, res.QueueDepth, res.OutboxRows)
 
 	// the steps table's count, every 20 ms from the launch until empty

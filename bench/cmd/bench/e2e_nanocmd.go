@@ -109,7 +109,9 @@ func (r *runner) e2eNanoCMD(srv nanocmdServer, db dbTarget, n, inflight int, pro
 			st.Enrollments, n, st.Commands, 2*n, st, nc.logs.String())
 	}
 	var stepRows int
-	sqlDB.QueryRow(`SELECT COUNT(*) FROM steps`).Scan(&stepRows)
+	if err := sqlDB.QueryRow(`SELECT COUNT(*) FROM steps`).Scan(&stepRows); err != nil {
+		return nil, fmt.Errorf("counting steps: %w", err)
+	}
 	if stepRows != 1 {
 		return nil, fmt.Errorf("%d steps stored, want 1", stepRows)
 	}
@@ -158,8 +160,10 @@ func (r *runner) e2eNanoCMD(srv nanocmdServer, db dbTarget, n, inflight int, pro
 		return nil, err
 	}
 	run.MDM = &st
-	sqlDB.QueryRow(`SELECT (SELECT COUNT(*) FROM steps), (SELECT COUNT(*) FROM id_commands), (SELECT COUNT(*) FROM step_commands)`).
-		Scan(&run.Stranded.Steps, &run.Stranded.IDCommands, &run.Stranded.StepCommands)
+	if err := sqlDB.QueryRow(`SELECT (SELECT COUNT(*) FROM steps), (SELECT COUNT(*) FROM id_commands), (SELECT COUNT(*) FROM step_commands)`).
+		Scan(&run.Stranded.Steps, &run.Stranded.IDCommands, &run.Stranded.StepCommands); err != nil {
+		return nil, fmt.Errorf("counting stranded rows: %w", err)
+	}
 	if profile != "" {
 		nc.stop() // the profile is written when the process stops
 		r.addProfile(run, "nanocmd", srv.Binary, profile)

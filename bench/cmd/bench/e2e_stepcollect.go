@@ -106,8 +106,10 @@ func (r *runner) e2eStepcollect(cfg serverConfig, n, inflight int, outDir string
 	if err := w.close(run, probes); err != nil {
 		return nil, err
 	}
-	e.db.QueryRow(`SELECT (SELECT COUNT(*) FROM steps), (SELECT COUNT(*) FROM id_commands), (SELECT COUNT(*) FROM step_commands), (SELECT COUNT(*) FROM stepcollect_outbox)`).
-		Scan(&run.Stranded.Steps, &run.Stranded.IDCommands, &run.Stranded.StepCommands, &run.OutboxLeft)
+	if err := e.db.QueryRow(`SELECT (SELECT COUNT(*) FROM steps), (SELECT COUNT(*) FROM id_commands), (SELECT COUNT(*) FROM step_commands), (SELECT COUNT(*) FROM stepcollect_outbox)`).
+		Scan(&run.Stranded.Steps, &run.Stranded.IDCommands, &run.Stranded.StepCommands, &run.OutboxLeft); err != nil {
+		return nil, fmt.Errorf("counting stranded rows: %w", err)
+	}
 
 	// the profiles are written when the processes stop
 	e.close()
