@@ -28,6 +28,7 @@ import (
 	"github.com/micromdm/nanocmd/engine"
 	enginehttp "github.com/micromdm/nanocmd/engine/http"
 	httpcmd "github.com/micromdm/nanocmd/http"
+	"github.com/micromdm/nanocmd/http/api"
 	"github.com/micromdm/nanocmd/logkeys"
 	"github.com/micromdm/nanocmd/mdm/foss"
 	cmdplanhttp "github.com/micromdm/nanocmd/subsystem/cmdplan/http"
@@ -289,7 +290,7 @@ func handleAPI(mux *flow.Mux, m *metrics.HTTP, key string, logger log.Logger, e 
 	group := func(name string, routes func(mux *flow.Mux)) {
 		mux.Group(func(mux *flow.Mux) {
 			// counted outside the key, so that refused requests show too
-			mux.Use(func(h http.Handler) http.Handler { return m.InstrumentHandler(name, h) }, auth)
+			mux.Use(func(h http.Handler) http.Handler { return m.InstrumentHandler(name, h) }, refuseCrossSite, auth)
 			routes(mux)
 		})
 	}
@@ -303,6 +304,22 @@ func handleAPI(mux *flow.Mux, m *metrics.HTTP, key string, logger log.Logger, e 
 	group("profile", func(mux *flow.Mux) { profhttp.HandleAPIv1("/v1", mux, logger, st.profile) })
 	group("fvenable", func(mux *flow.Mux) { fvenablehttp.HandleAPIv1("/v1", mux) })
 	group("cmdplan", func(mux *flow.Mux) { cmdplanhttp.HandleAPIv1("/v1", mux, logger, st.cmdplan) })
+}
+
+// crossSite refuses a browser's unsafe request sent from another site, as
+// the api's /v1 does: a forged form POST would carry the Basic credentials
+// the browser cached. Clients that are not browsers send neither
+// Sec-Fetch-Site nor Origin, and pass.
+var crossSite = http.NewCrossOriginProtection()
+
+func refuseCrossSite(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := crossSite.Check(r); err != nil {
+			api.JSONError(w, fmt.Errorf("refused: %w (NanoCMD's API takes no request a browser sends from another site)", err), http.StatusForbidden)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 // webhookBody reads a webhook's whole body before NanoCMD's handler sees
