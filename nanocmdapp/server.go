@@ -132,6 +132,10 @@ func New(ctx context.Context, cfg *Config, logger log.Logger, zl zerolog.Logger)
 		s.worker = engine.NewWorker(e, storage.engine, mdm, wOpts...)
 	}
 
+	// the workflows and the API find a missing profile or cmdplan through
+	// these, noted as a 404 naming it (apierrors.go)
+	storage.profile, storage.cmdplan = notedProfiles{storage.profile}, notedCMDPlans{storage.cmdplan}
+
 	// the workflows enqueue through the splitter, the engine behind it
 	steps := &splitSteps{engine: e, api: mdm, cancel: storage.engine.CancelSteps, wholeStep: storage.steps == nil, ider: uuid.NewUUID(), logger: logger.With("service", "engine")}
 	if err = registerWorkflows(logger, e, storage, steps); err != nil {
@@ -156,7 +160,7 @@ func New(ctx context.Context, cfg *Config, logger log.Logger, zl zerolog.Logger)
 	mux.Handle("/webhook", m.InstrumentHandler("webhook", h))
 
 	if cfg.APIKey != "" {
-		handleAPI(mux, m, cfg.APIKey, logger, e, storage)
+		handleAPI(mux, m, cfg.APIKey, logger, checkedStarter{e: e, fold: cfg.Storage == "mysql"}, storage)
 	}
 	s.handler = untraced(mux, trace.NewTraceLoggingHandler(mux, logger.With("handler", "log"), newTraceID))
 
@@ -282,19 +286,20 @@ func (s *Server) close() {
 }
 
 // handleAPI serves NanoCMD's API behind key, each subsystem's routes
-// counted under its name.
-func handleAPI(mux *flow.Mux, m *metrics.HTTP, key string, logger log.Logger, e *engine.Engine, st *storageConfig) {
+// counted under its name, a client's mistake answered with its status
+// (apierrors.go).
+func handleAPI(mux *flow.Mux, m *metrics.HTTP, key string, logger log.Logger, e enginehttp.APIEngine, st *storageConfig) {
 	auth := func(h http.Handler) http.Handler {
 		return nanohttp.NewSimpleBasicAuthHandler(h, apiUsername, key, apiRealm)
 	}
 	group := func(name string, routes func(mux *flow.Mux)) {
 		mux.Group(func(mux *flow.Mux) {
 			// counted outside the key, so that refused requests show too
-			mux.Use(func(h http.Handler) http.Handler { return m.InstrumentHandler(name, h) }, refuseCrossSite, auth)
+			mux.Use(func(h http.Handler) http.Handler { return m.InstrumentHandler(name, h) }, refuseCrossSite, auth, noteStatus, checkJSONBody)
 			routes(mux)
 		})
 	}
-	group("engine", func(mux *flow.Mux) { enginehttp.HandleAPIv1("/v1", mux, logger, e, st.event) })
+	group("engine", func(mux *flow.Mux) { enginehttp.HandleAPIv1("/v1", mux, logger, e, notedEvents{st.event}) })
 	group("inventory", func(mux *flow.Mux) {
 		// v0.7.1 serves the inventory at /inventory (its handler
 		// ignores the prefix); its docs say /v1/inventory: both
@@ -368,6 +373,14 @@ func webhookBody(next http.Handler, key []byte, bodies *bodyadmit.Admitter, logg
 		// contains itself: a fatal stack overflow; an array claiming 2^34
 		// elements: out of memory), losing every result in flight
 		if err := httpapi.CheckWebhookPlists(body); err != nil {
+			logger.Info(logkeys.Message, "webhook refused", logkeys.Error, err.Error())
+			http.Error(w, "webhook "+err.Error(), http.StatusBadRequest)
+			return
+		}
+		if err := checkWebhookEvent(body); errors.Is(err, errIgnoredTopic) {
+			logger.Debug(logkeys.Message, "webhook ignored", logkeys.Error, err.Error())
+			return
+		} else if err != nil {
 			logger.Info(logkeys.Message, "webhook refused", logkeys.Error, err.Error())
 			http.Error(w, "webhook "+err.Error(), http.StatusBadRequest)
 			return
