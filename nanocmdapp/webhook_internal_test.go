@@ -40,6 +40,14 @@ const testMaxBody = 64 << 10
 
 func newBodyServer(t *testing.T, key []byte, timeout time.Duration) *bodyServer {
 	t.Helper()
+	return newBodyServerOf(t, timeout, func(next http.Handler, bodies *bodyadmit.Admitter) http.Handler {
+		return webhookBody(next, key, bodies, log.NopLogger)
+	})
+}
+
+// newBodyServerOf is newBodyServer with the body read by wrap's handler.
+func newBodyServerOf(t *testing.T, timeout time.Duration, wrap func(http.Handler, *bodyadmit.Admitter) http.Handler) *bodyServer {
+	t.Helper()
 	s := &bodyServer{}
 	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
@@ -47,7 +55,7 @@ func newBodyServer(t *testing.T, key []byte, timeout time.Duration) *bodyServer 
 		s.reached.Add(1)
 	})
 	bodies := bodyadmit.New(bodyadmit.Config{MaxBody: testMaxBody, Budget: 4 * testMaxBody, Timeout: timeout, Grace: timeout})
-	s.Server = httptest.NewUnstartedServer(webhookBody(next, key, bodies, log.NopLogger))
+	s.Server = httptest.NewUnstartedServer(wrap(next, bodies))
 	s.Config.ReadTimeout = timeout
 	s.Start()
 	t.Cleanup(s.Close)

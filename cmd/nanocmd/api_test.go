@@ -1,12 +1,16 @@
 package main_test
 
 import (
+	"bufio"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stepcollect/stepcollect/internal/testkit"
 )
@@ -121,5 +125,30 @@ func TestClientMistakesAreAnsweredWithTheirStatus(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A keyed route's body over 32 MiB is refused with a 413 naming the limit
+// before NanoCMD's handler reads it (its profile handler reads a body of
+// any size into memory), unread when its Content-Length says so.
+func TestAnAPIBodyOverTheLimitIsRefused(t *testing.T) {
+	db := testkit.NewDB(t, &testkit.DBOptions{Empty: true})
+	s := startMySQL(t, db)
+	c, err := net.Dial("tcp", strings.TrimPrefix(s.base, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(15 * time.Second))
+	auth := base64.StdEncoding.EncodeToString([]byte("nanocmd:" + apiKey))
+	fmt.Fprintf(c, "PUT /v1/profile/big HTTP/1.1\r\nHost: nanocmd\r\nAuthorization: Basic %s\r\nContent-Length: %d\r\n\r\n", auth, 32<<20+1)
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("a profile declaring 32 MiB + 1 byte: %v, want a 413", err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if want := `{"error":"body over 33554432 bytes"}`; resp.StatusCode != http.StatusRequestEntityTooLarge || strings.TrimSpace(string(b)) != want {
+		t.Errorf("a profile declaring 32 MiB + 1 byte: %d %s, want 413 %s", resp.StatusCode, b, want)
 	}
 }
