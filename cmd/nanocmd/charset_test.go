@@ -2,6 +2,7 @@ package main_test
 
 import (
 	"fmt"
+	"net/http"
 	"strings"
 	"testing"
 
@@ -87,5 +88,29 @@ func olderSubsystemTables(t *testing.T, db *testkit.DB) {
 	if _, err := db.Exec(`INSERT INTO subsystem_profiles (name, profile_id, profile_uuid, raw_profile) VALUES ('older', 'com.example.older', 'OLDER-UUID', ?)`,
 		mobileconfig("com.example.older", "OLDER-UUID", "Café ☕")); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// On a database NanoCMD made in utf8mb3, whose engine tables are kept as
+// they are, an emoji in a webhook's enrollment id or command UUID is a
+// command no workflow sent (200), an Authenticate from such an id cancels
+// nothing (200), and a start for it is a 400: MariaDB's error 1267 (illegal
+// mix of collations) was a 500.
+func TestAnEmojiIDOnAnAdoptedUTF8MB3DatabaseIsNoServerError(t *testing.T) {
+	db := testkit.NewDB(t, &testkit.DBOptions{Empty: true, Charset: "utf8mb3"})
+	nanoCMDSchema(t, db)
+	c := startCluster(t, db, 1)
+	sender := c.sender()
+	for _, k := range []struct{ id, uuid string }{{"DEV-💻", "U-1"}, {"DEV-1", "U-💻"}} {
+		if err := answer(sender, k.id, enqueued{k.uuid, "DeviceInformation"}); err != nil {
+			t.Errorf("a result of %s for %s: %v, want 200", k.id, k.uuid, err)
+		}
+	}
+	if err := newMac("AUTH-💻").authenticate(sender); err != nil {
+		t.Errorf("an Authenticate from AUTH-💻: %v, want 200", err)
+	}
+	code, body := c.call(t, "POST", "/v1/workflow/"+wfInventory+"/start?id=START-%F0%9F%92%BB", nil)
+	if code != http.StatusBadRequest || strings.Contains(string(body), "`") {
+		t.Errorf("a start for START-💻: %d %s, want a 400 naming nothing of the schema", code, body)
 	}
 }
