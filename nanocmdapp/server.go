@@ -28,6 +28,7 @@ import (
 	"github.com/micromdm/nanocmd/engine"
 	enginehttp "github.com/micromdm/nanocmd/engine/http"
 	httpcmd "github.com/micromdm/nanocmd/http"
+	"github.com/micromdm/nanocmd/http/api"
 	"github.com/micromdm/nanocmd/logkeys"
 	"github.com/micromdm/nanocmd/mdm/foss"
 	cmdplanhttp "github.com/micromdm/nanocmd/subsystem/cmdplan/http"
@@ -50,12 +51,13 @@ const (
 	apiUsername = "nanocmd"
 	apiRealm    = "nanocmd"
 
-	// maxWebhookBody bounds a webhook body (stepcollect's api default; MDM
-	// results can be large).
-	maxWebhookBody = 32 << 20
-	// webhookBodyBudget is the working memory of the webhook bodies read
-	// and decoded at once (the api's default -max-inflight-body-bytes).
-	webhookBodyBudget = 256 << 20
+	// maxBody bounds a webhook's or a keyed route's body (stepcollect's
+	// api default; MDM results can be large).
+	maxBody = 32 << 20
+	// bodyBudget is the working memory of the bodies read and decoded at
+	// once, webhooks' and keyed routes' alike (the api's default
+	// -max-inflight-body-bytes).
+	bodyBudget = 256 << 20
 	// readTimeout bounds the arrival of a request, headers and body, as
 	// the api's request timeout does: a client that sends headers and then
 	// nothing, or trickles, holds a connection no longer than this. It ends
@@ -131,6 +133,10 @@ func New(ctx context.Context, cfg *Config, logger log.Logger, zl zerolog.Logger)
 		s.worker = engine.NewWorker(e, storage.engine, mdm, wOpts...)
 	}
 
+	// the workflows and the API find a missing profile or cmdplan through
+	// these, noted as a 404 naming it (apierrors.go)
+	storage.profile, storage.cmdplan = notedProfiles{storage.profile}, notedCMDPlans{storage.cmdplan}
+
 	// the workflows enqueue through the splitter, the engine behind it
 	steps := &splitSteps{engine: e, api: mdm, cancel: storage.engine.CancelSteps, wholeStep: storage.steps == nil, ider: uuid.NewUUID(), logger: logger.With("service", "engine")}
 	if err = registerWorkflows(logger, e, storage, steps); err != nil {
@@ -150,12 +156,12 @@ func New(ctx context.Context, cfg *Config, logger log.Logger, zl zerolog.Logger)
 	if cfg.DumpWebhook {
 		h = httpcmd.DumpHandler(h, os.Stdout)
 	}
-	bodies := bodyadmit.New(bodyadmit.Config{MaxBody: maxWebhookBody, Budget: webhookBodyBudget, Timeout: readTimeout})
+	bodies := bodyadmit.New(bodyadmit.Config{MaxBody: maxBody, Budget: bodyBudget, Timeout: readTimeout})
 	h = webhookBody(h, []byte(cfg.WebhookHMACKey), bodies, logger.With("handler", "webhook"))
 	mux.Handle("/webhook", m.InstrumentHandler("webhook", h))
 
 	if cfg.APIKey != "" {
-		handleAPI(mux, m, cfg.APIKey, logger, e, storage)
+		handleAPI(mux, m, cfg.APIKey, logger, checkedStarter{e: e, fold: cfg.Storage == "mysql"}, storage, bodies)
 	}
 	s.handler = untraced(mux, trace.NewTraceLoggingHandler(mux, logger.With("handler", "log"), newTraceID))
 
@@ -281,19 +287,20 @@ func (s *Server) close() {
 }
 
 // handleAPI serves NanoCMD's API behind key, each subsystem's routes
-// counted under its name.
-func handleAPI(mux *flow.Mux, m *metrics.HTTP, key string, logger log.Logger, e *engine.Engine, st *storageConfig) {
+// counted under its name, a client's mistake answered with its status
+// (apierrors.go).
+func handleAPI(mux *flow.Mux, m *metrics.HTTP, key string, logger log.Logger, e enginehttp.APIEngine, st *storageConfig, bodies *bodyadmit.Admitter) {
 	auth := func(h http.Handler) http.Handler {
 		return nanohttp.NewSimpleBasicAuthHandler(h, apiUsername, key, apiRealm)
 	}
 	group := func(name string, routes func(mux *flow.Mux)) {
 		mux.Group(func(mux *flow.Mux) {
 			// counted outside the key, so that refused requests show too
-			mux.Use(func(h http.Handler) http.Handler { return m.InstrumentHandler(name, h) }, auth)
+			mux.Use(func(h http.Handler) http.Handler { return m.InstrumentHandler(name, h) }, refuseCrossSite, auth, apiBody(bodies), noteStatus, checkJSONBody)
 			routes(mux)
 		})
 	}
-	group("engine", func(mux *flow.Mux) { enginehttp.HandleAPIv1("/v1", mux, logger, e, st.event) })
+	group("engine", func(mux *flow.Mux) { enginehttp.HandleAPIv1("/v1", mux, logger, e, notedEvents{st.event}) })
 	group("inventory", func(mux *flow.Mux) {
 		// v0.7.1 serves the inventory at /inventory (its handler
 		// ignores the prefix); its docs say /v1/inventory: both
@@ -303,6 +310,58 @@ func handleAPI(mux *flow.Mux, m *metrics.HTTP, key string, logger log.Logger, e 
 	group("profile", func(mux *flow.Mux) { profhttp.HandleAPIv1("/v1", mux, logger, st.profile) })
 	group("fvenable", func(mux *flow.Mux) { fvenablehttp.HandleAPIv1("/v1", mux) })
 	group("cmdplan", func(mux *flow.Mux) { cmdplanhttp.HandleAPIv1("/v1", mux, logger, st.cmdplan) })
+}
+
+// crossSite refuses a browser's unsafe request sent from another site, as
+// the api's /v1 does: a forged form POST would carry the Basic credentials
+// the browser cached. Clients that are not browsers send neither
+// Sec-Fetch-Site nor Origin, and pass.
+var crossSite = http.NewCrossOriginProtection()
+
+func refuseCrossSite(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := crossSite.Check(r); err != nil {
+			api.JSONError(w, fmt.Errorf("refused: %w (NanoCMD's API takes no request a browser sends from another site)", err), http.StatusForbidden)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// apiBody reads a keyed route's whole body under the webhooks' limit, pace
+// and budget before NanoCMD's handler, which reads a body of any size
+// (PUT /v1/profile/{name}) at any pace. Refused as webhookBody refuses,
+// in NanoCMD's {"error": "..."} shape.
+func apiBody(bodies *bodyadmit.Admitter) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			body, release, err := bodies.Admit(w, r)
+			if release != nil {
+				defer release()
+			}
+			if err != nil {
+				w.Header().Set("Connection", "close")
+				status, msg := bodyRefusal(err)
+				api.JSONError(w, errors.New(msg), status)
+				return
+			}
+			r.Body = io.NopCloser(bytes.NewReader(body))
+			next.ServeHTTP(w, r)
+		})
+	}
+}
+
+// bodyRefusal is the status and message of a body Admit refused.
+func bodyRefusal(err error) (int, string) {
+	var mbe *http.MaxBytesError
+	var be *bodyadmit.Error
+	switch {
+	case errors.As(err, &mbe):
+		return http.StatusRequestEntityTooLarge, fmt.Sprintf("body over %d bytes", mbe.Limit)
+	case errors.As(err, &be):
+		return be.Status, be.Msg
+	}
+	return http.StatusBadRequest, "body: " + err.Error()
 }
 
 // webhookBody reads a webhook's whole body before NanoCMD's handler sees
@@ -324,16 +383,8 @@ func webhookBody(next http.Handler, key []byte, bodies *bodyadmit.Admitter, logg
 			// net/http would read what is left of the body before it
 			// answers on a connection it keeps
 			w.Header().Set("Connection", "close")
-			var mbe *http.MaxBytesError
-			var be *bodyadmit.Error
-			switch {
-			case errors.As(err, &mbe):
-				http.Error(w, fmt.Sprintf("webhook body over %d bytes", mbe.Limit), http.StatusRequestEntityTooLarge)
-			case errors.As(err, &be):
-				http.Error(w, "webhook "+be.Msg, be.Status)
-			default:
-				http.Error(w, "webhook body: "+err.Error(), http.StatusBadRequest)
-			}
+			status, msg := bodyRefusal(err)
+			http.Error(w, "webhook "+msg, status)
 			return
 		}
 		if len(key) > 0 {
@@ -351,6 +402,14 @@ func webhookBody(next http.Handler, key []byte, bodies *bodyadmit.Admitter, logg
 		// contains itself: a fatal stack overflow; an array claiming 2^34
 		// elements: out of memory), losing every result in flight
 		if err := httpapi.CheckWebhookPlists(body); err != nil {
+			logger.Info(logkeys.Message, "webhook refused", logkeys.Error, err.Error())
+			http.Error(w, "webhook "+err.Error(), http.StatusBadRequest)
+			return
+		}
+		if err := checkWebhookEvent(body); errors.Is(err, errIgnoredTopic) {
+			logger.Debug(logkeys.Message, "webhook ignored", logkeys.Error, err.Error())
+			return
+		} else if err != nil {
 			logger.Info(logkeys.Message, "webhook refused", logkeys.Error, err.Error())
 			http.Error(w, "webhook "+err.Error(), http.StatusBadRequest)
 			return

@@ -31,11 +31,22 @@ type bodyServer struct {
 	last    atomic.Value // []byte
 }
 
+// idle is a webhook body NanoCMD's handler takes: an Idle report.
+const idle = `{"topic":"mdm.Connect","acknowledge_event":{"udid":"DEV-1","status":"Idle"}}`
+
 // testMaxBody is the limit the tests serve: the real one's 32 MiB would
 // take seconds to send under -race.
 const testMaxBody = 64 << 10
 
 func newBodyServer(t *testing.T, key []byte, timeout time.Duration) *bodyServer {
+	t.Helper()
+	return newBodyServerOf(t, timeout, func(next http.Handler, bodies *bodyadmit.Admitter) http.Handler {
+		return webhookBody(next, key, bodies, log.NopLogger)
+	})
+}
+
+// newBodyServerOf is newBodyServer with the body read by wrap's handler.
+func newBodyServerOf(t *testing.T, timeout time.Duration, wrap func(http.Handler, *bodyadmit.Admitter) http.Handler) *bodyServer {
 	t.Helper()
 	s := &bodyServer{}
 	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -44,7 +55,7 @@ func newBodyServer(t *testing.T, key []byte, timeout time.Duration) *bodyServer 
 		s.reached.Add(1)
 	})
 	bodies := bodyadmit.New(bodyadmit.Config{MaxBody: testMaxBody, Budget: 4 * testMaxBody, Timeout: timeout, Grace: timeout})
-	s.Server = httptest.NewUnstartedServer(webhookBody(next, key, bodies, log.NopLogger))
+	s.Server = httptest.NewUnstartedServer(wrap(next, bodies))
 	s.Config.ReadTimeout = timeout
 	s.Start()
 	t.Cleanup(s.Close)
@@ -132,7 +143,7 @@ func TestWebhookBodyNotReceivedInTimeIsRefused(t *testing.T) {
 // with NanoMDM's signature over it.
 func TestWebhookBodyWithinTheLimitReachesNanoCMDsHandler(t *testing.T) {
 	key := []byte("key")
-	body := []byte(`{"topic":"mdm.Connect","acknowledge_event":{"udid":"DEV-1"}}`)
+	body := []byte(`{"topic":"mdm.Connect","acknowledge_event":{"udid":"DEV-1","status":"Idle"}}`)
 	mac := hmac.New(sha256.New, key)
 	mac.Write(body)
 	signed := base64.StdEncoding.EncodeToString(mac.Sum(nil))
@@ -189,7 +200,7 @@ func TestWebhookHandlerOutlivesTheReadTimeout(t *testing.T) {
 	srv.Config.ReadTimeout = 200 * time.Millisecond
 	srv.Start()
 	defer srv.Close()
-	resp, err := http.Post(srv.URL+"/webhook", "application/json", strings.NewReader(`{"topic":"mdm.Connect"}`))
+	resp, err := http.Post(srv.URL+"/webhook", "application/json", strings.NewReader(idle))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -220,7 +231,7 @@ func TestWebhookBodiesWaitForTheBudget(t *testing.T) {
 	defer let() // before srv.Close, which waits for the handlers
 	// 20 KiB, weighed 5 times over: the whole 64 KiB budget; JSON, as a
 	// body must be to reach NanoCMD's handler
-	body := []byte(`{"topic":"mdm.Connect","pad":"` + strings.Repeat("A", 20<<10-32) + `"}`)
+	body := []byte(idle[:len(idle)-1] + `,"pad":"` + strings.Repeat("A", 20<<10-len(idle)-9) + `"}`)
 	done := make(chan int, 2)
 	post := func() {
 		resp, err := http.Post(srv.URL+"/webhook", "application/json", bytes.NewReader(body))

@@ -23,7 +23,8 @@ import (
 // personal recovery key (PRK), escrowed encrypted to the certificate of the
 // FileVault profile and, on rotation, to the command's reply certificate.
 type mac struct {
-	id string
+	id   string
+	name string // its DeviceName; "Mac <id>" when empty
 
 	mu         sync.Mutex
 	answered   map[string]bool // command UUIDs
@@ -99,9 +100,13 @@ func (m *mac) result(raw []byte) ([]byte, error) {
 	res := map[string]any{"CommandUUID": c.CommandUUID, "Status": "Acknowledged", "UDID": m.id}
 	switch c.Command.RequestType {
 	case "DeviceInformation":
+		name := m.name
+		if name == "" {
+			name = "Mac " + m.id
+		}
 		res["QueryResponses"] = map[string]any{
 			"UDID": m.id, "SerialNumber": "SN" + m.id, "Model": "Mac14,2", "ModelName": "MacBook Air",
-			"DeviceName": "Mac " + m.id, "OSVersion": "14.4.1", "BuildVersion": "23E224",
+			"DeviceName": name, "OSVersion": "14.4.1", "BuildVersion": "23E224",
 		}
 	case "SecurityInfo":
 		info := map[string]any{"FDE_Enabled": m.fdeEnabled, "SystemIntegrityProtectionEnabled": true}

@@ -46,6 +46,10 @@ type DBOptions struct {
 	// Server is the DSN (root, no database) of the server to create the
 	// database on: a private one a test started; ServerDSN() when empty.
 	Server string
+	// Charset is the database's default character set (CREATE DATABASE
+	// … CHARACTER SET), as an older database's (utf8mb3, latin1); the
+	// server's default when empty.
+	Charset string
 }
 
 // DB is a fresh test database: created as test_<random>, dropped when the
@@ -108,7 +112,11 @@ func NewDB(t testing.TB, opts *DBOptions) *DB {
 	b := make([]byte, 6)
 	rand.Read(b)
 	name := "test_" + hex.EncodeToString(b)
-	if _, err := admin.ExecContext(context.Background(), "CREATE DATABASE "+name); err != nil {
+	create := "CREATE DATABASE " + name
+	if opts.Charset != "" {
+		create += " CHARACTER SET " + opts.Charset
+	}
+	if _, err := admin.ExecContext(context.Background(), create); err != nil {
 		t.Fatalf("creating test database: %v", err)
 	}
 	t.Cleanup(func() {

@@ -29,7 +29,8 @@ const MigrationsTable = "nanocmd_subsystem_migrations"
 
 // Migrate creates the subsystem tables that are missing, under a GET_LOCK,
 // so replicas starting together apply them once. Idempotent; a NanoCMD
-// v0.7.1 database keeps its subsystem_profiles as they are.
+// v0.7.1 database keeps its subsystem_profiles, converted to utf8mb4 if
+// they are not (migration 2, charset.go).
 func Migrate(ctx context.Context, db *sql.DB) error {
 	conn, err := db.Conn(ctx)
 	if err != nil {
@@ -56,7 +57,8 @@ func Migrate(ctx context.Context, db *sql.DB) error {
 		return fmt.Errorf("subsystem migrate: %w", err)
 	}
 	p, err := goose.NewProvider(goose.DialectMySQL, db, fsys,
-		goose.WithTableName(MigrationsTable), goose.WithDisableGlobalRegistry(true))
+		goose.WithTableName(MigrationsTable), goose.WithDisableGlobalRegistry(true),
+		goose.WithGoMigrations(goose.NewGoMigration(2, &goose.GoFunc{RunDB: convertToUTF8MB4}, nil)))
 	if err != nil {
 		return fmt.Errorf("subsystem migrate: %w", err)
 	}

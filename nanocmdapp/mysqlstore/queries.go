@@ -50,4 +50,7 @@ ON DUPLICATE KEY UPDATE cmdplan = VALUES(cmdplan)`
 INSERT IGNORE INTO subsystem_filevault_keypair (name, private_key, certificate)
 VALUES (?, ?, ?)`
 	qKeypair = `SELECT private_key, certificate FROM subsystem_filevault_keypair WHERE name = ?`
+
+	// A table's collation, for migration 2 (charset.go). Non-locking.
+	qTableCollation = `SELECT TABLE_COLLATION FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?`
 )

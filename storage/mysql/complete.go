@@ -50,6 +50,9 @@ func (s *Storage) StoreCommandResponseAndRetrieveCompletedStep(ctx context.Conte
 	if err := s.checkResult(id, sc); err != nil {
 		return nil, err
 	}
+	if !s.holds(ctx, id, sc.CommandUUID) {
+		return nil, fmt.Errorf("storing result (enrollment %s, command %s): %w", id, sc.CommandUUID, storage.ErrUnknownCommand)
+	}
 	if !sc.Completed {
 		return nil, s.storeNotNow(ctx, id, sc.CommandUUID)
 	}

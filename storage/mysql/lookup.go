@@ -87,6 +87,9 @@ func (s *Storage) RetrieveCommandRequestType(ctx context.Context, id string, uui
 	if id == "" || uuid == "" {
 		return "", false, storage.Errorf(storage.EInvalid, "request type lookup: empty enrollment id or command uuid")
 	}
+	if !s.holds(ctx, id, uuid) {
+		return "", false, nil // and kept out of the others' shared read
+	}
 	key := lookupKey{id, uuid}
 	var at int
 	g, err := s.lookups.Do(ctx, func(g *lookupSet) {

@@ -221,7 +221,8 @@ func EnsureDatabase(ctx context.Context, dsn string) error {
 		return err
 	}
 	defer admin.Close()
-	if _, err := admin.ExecContext(ctx, "CREATE DATABASE IF NOT EXISTS `"+strings.ReplaceAll(name, "`", "``")+"`"); err != nil {
+	// utf8mb4 whatever the server's default (latin1 on many builds)
+	if _, err := admin.ExecContext(ctx, "CREATE DATABASE IF NOT EXISTS `"+strings.ReplaceAll(name, "`", "``")+"` CHARACTER SET utf8mb4"); err != nil {
 		return fmt.Errorf("creating database %s: %w", name, err)
 	}
 	return nil

@@ -101,3 +101,31 @@ func TestCheckSchemaNamesTheVersions(t *testing.T) {
 		t.Errorf("one short: %v, want %q", err, want)
 	}
 }
+
+// On a database whose default character set is not utf8mb4 (an older
+// server's or database's), every table is utf8mb4: an enrollment id with an
+// emoji is stored and completes, and the routines' parameters are in
+// id_commands' character set, so completions call them.
+func TestTablesAreUTF8MB4WhateverTheDatabasesDefault(t *testing.T) {
+	t.Parallel()
+	for _, charset := range []string{"utf8mb3", "latin1"} {
+		t.Run(charset, func(t *testing.T) {
+			db := testkit.NewDB(t, &testkit.DBOptions{Charset: charset})
+			other := testkit.Column[string](t, db.DB, `SELECT CONCAT(TABLE_NAME, ' ', TABLE_COLLATION) FROM information_schema.TABLES
+				WHERE TABLE_SCHEMA = DATABASE() AND TABLE_COLLATION NOT LIKE 'utf8mb4%' AND TABLE_NAME <> ?`, mysql.MigrationsTable)
+			if len(other) > 0 {
+				t.Errorf("tables not in utf8mb4: %v", other)
+			}
+			b := setup(t, &setupOpts{db: db, extra: []mysql.Option{mysql.WithOutbox()}})
+			step := b.storedOn(t, completionPaths[3], "💻-"+charset, 2, 1)
+			for i := range step.IDs {
+				if r, err := b.answer(t.Context(), step, i, 0); err != nil || r == nil {
+					t.Fatalf("completing %s: %+v, %v", step.IDs[i], r, err)
+				}
+			}
+			if mysql.Calls(b.store) == 0 {
+				t.Error("no completion called its routine: its parameters are not in id_commands' character set")
+			}
+		})
+	}
+}

@@ -48,6 +48,7 @@ type Storage struct {
 	steps    *stepCache
 	inline   *releaseGroups
 	lookups  *lookups
+	charset  idCharset // of the engine's id columns (holdable.go)
 	// maxPacket is the server's max_allowed_packet (or WithMaxPacket's),
 	// which every statement and so every event must fit.
 	maxPacket int

@@ -19,6 +19,9 @@ func (s *Storage) ListSteps(ctx context.Context, f storage.StepFilter) ([]storag
 	if f.Limit < 1 || f.Limit > MaxPage {
 		return nil, false, storage.Errorf(storage.EInvalid, "limit: %d is not between 1 and %d", f.Limit, MaxPage)
 	}
+	if !s.holds(ctx, f.WorkflowName, f.InstanceID) {
+		return nil, false, nil
+	}
 	var q strings.Builder
 	q.WriteString(qListSteps)
 	var a []any
@@ -188,6 +191,8 @@ func (s *Storage) CancelWorkflowInstance(ctx context.Context, workflowName, inst
 		return 0, storage.Errorf(storage.EInvalid, "workflow_name: missing")
 	case instanceID == "":
 		return 0, storage.Errorf(storage.EInvalid, "instance_id: missing")
+	case !s.holds(ctx, workflowName, instanceID):
+		return 0, nil
 	}
 	cancelled := 0
 	var after int64

@@ -547,4 +547,9 @@ FROM stepcollect_outbox `
 	qSetDelivery = `
 UPDATE stepcollect_delivery SET since = IF(paused = ?, since, CURRENT_TIMESTAMP(6)), paused = ? WHERE id = 1`
 	qEnsureDelivery = `INSERT IGNORE INTO stepcollect_delivery (id, paused, since) VALUES (1, 0, NULL)`
+
+	// The character set of the engine's id columns (holdable.go). Non-locking.
+	qIDCharset = `
+SELECT CHARACTER_SET_NAME FROM information_schema.COLUMNS
+WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'id_commands' AND COLUMN_NAME = 'enrollment_id'`
 )

@@ -20,6 +20,9 @@ const wfStatusRowsPerUpsert = 1000
 // RetrieveWorkflowStarted returns when workflowName was last started for id,
 // or the zero time if never.
 func (s *Storage) RetrieveWorkflowStarted(ctx context.Context, id, workflowName string) (time.Time, error) {
+	if !s.holds(ctx, id, workflowName) {
+		return time.Time{}, nil
+	}
 	var epoch int64
 	err := s.db.QueryRowContext(ctx, qGetWorkflowStarted, id, workflowName).Scan(&epoch)
 	if errors.Is(err, sql.ErrNoRows) {
@@ -55,6 +58,9 @@ func (s *Storage) RecordWorkflowStarted(ctx context.Context, ids []string, workf
 
 // ClearWorkflowStatus forgets every workflow start time of id.
 func (s *Storage) ClearWorkflowStatus(ctx context.Context, id string) error {
+	if !s.holds(ctx, id) {
+		return nil
+	}
 	if _, err := s.db.ExecContext(ctx, qClearWorkflowStatus, id); err != nil {
 		return fmt.Errorf("clear workflow status (enrollment %s): %w", id, err)
 	}
@@ -77,7 +83,7 @@ func (s *Storage) StoreEventSubscription(ctx context.Context, name string, es *n
 // that exist, by name.
 func (s *Storage) RetrieveEventSubscriptions(ctx context.Context, names []string) (map[string]*nanostorage.EventSubscription, error) {
 	out := map[string]*nanostorage.EventSubscription{}
-	err := chunks(names, maxInList, func(c []string) error {
+	err := chunks(s.holdable(ctx, names), maxInList, func(c []string) error {
 		_, err := queryList(ctx, s.db, expand(qGetEventsByNames, len(c)), args(c), func(rs *sql.Rows) (struct{}, error) {
 			name, es, err := scanEvent(rs)
 			out[name] = es
@@ -105,6 +111,9 @@ func (s *Storage) RetrieveEventSubscriptionsByEvent(ctx context.Context, f workf
 
 // DeleteEventSubscription removes the subscription name.
 func (s *Storage) DeleteEventSubscription(ctx context.Context, name string) error {
+	if !s.holds(ctx, name) {
+		return nil
+	}
 	if _, err := s.db.ExecContext(ctx, qDeleteEvent, name); err != nil {
 		return fmt.Errorf("delete event subscription %q: %w", name, err)
 	}

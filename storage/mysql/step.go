@@ -339,6 +339,9 @@ func (s *Storage) CancelSteps(ctx context.Context, id, workflowName string) erro
 	if id == "" {
 		return storage.Errorf(storage.EInvalid, "cancel steps: enrollment id: empty")
 	}
+	if !s.holds(ctx, id, workflowName) {
+		return nil // no step is this enrollment's or this workflow's
+	}
 	var stepIDs []int64
 	err := s.inTx(ctx, storage.OpCancelSteps, func(ctx context.Context, tx *sql.Tx, _ *attempt) error {
 		var err error
@@ -376,8 +379,11 @@ func (s *Storage) CancelSteps(ctx context.Context, id, workflowName string) erro
 // RetrieveOutstandingWorkflowStatus returns those of ids that have a
 // command outstanding in a step of workflowName.
 func (s *Storage) RetrieveOutstandingWorkflowStatus(ctx context.Context, workflowName string, ids []string) ([]string, error) {
+	if !s.holds(ctx, workflowName) {
+		return nil, nil
+	}
 	var out []string
-	err := chunks(ids, maxInList, func(c []string) error {
+	err := chunks(s.holdable(ctx, ids), maxInList, func(c []string) error {
 		got, err := queryStrings(ctx, s.db, expand(qOutstandingIDs, len(c)), append(args(c), workflowName)...)
 		out = append(out, got...)
 		return err

@@ -1,6 +1,8 @@
 -- NanoCMD's subsystems in MySQL. subsystem_profiles is NanoCMD v0.7.1's own
 -- table (subsystem/profile/storage/mysql/schema.sql) with IF NOT EXISTS, so
--- a database NanoCMD made keeps its profiles; the others are new.
+-- a database NanoCMD made keeps its profiles; the others are new. Each in
+-- utf8mb4 whatever the database's default (a device name may hold an
+-- emoji); migration 2 converts the tables an older database has.
 
 -- +goose NO TRANSACTION
 -- +goose Up
@@ -15,7 +17,7 @@ CREATE TABLE IF NOT EXISTS subsystem_profiles (
     updated_at TIMESTAMP DEFAULT CURRENT_TIMESTAMP ON UPDATE CURRENT_TIMESTAMP,
 
     PRIMARY KEY (name)
-);
+) DEFAULT CHARSET=utf8mb4;
 
 -- One JSON object of inventory values per enrollment, merged under a row
 -- lock.
@@ -27,7 +29,7 @@ CREATE TABLE IF NOT EXISTS subsystem_inventory (
     updated_at TIMESTAMP DEFAULT CURRENT_TIMESTAMP ON UPDATE CURRENT_TIMESTAMP,
 
     PRIMARY KEY (enrollment_id)
-);
+) DEFAULT CHARSET=utf8mb4;
 
 CREATE TABLE IF NOT EXISTS subsystem_cmdplans (
     name    VARCHAR(255) NOT NULL,
@@ -37,7 +39,7 @@ CREATE TABLE IF NOT EXISTS subsystem_cmdplans (
     updated_at TIMESTAMP DEFAULT CURRENT_TIMESTAMP ON UPDATE CURRENT_TIMESTAMP,
 
     PRIMARY KEY (name)
-);
+) DEFAULT CHARSET=utf8mb4;
 
 -- The FileVault PRK escrow keypair: one row, inserted only if absent, never
 -- updated, so every replica and every restart decrypts with the same key.
@@ -49,7 +51,7 @@ CREATE TABLE IF NOT EXISTS subsystem_filevault_keypair (
     created_at TIMESTAMP DEFAULT CURRENT_TIMESTAMP,
 
     PRIMARY KEY (name)
-);
+) DEFAULT CHARSET=utf8mb4;
 
 -- +goose Down
 DROP TABLE IF EXISTS subsystem_filevault_keypair;

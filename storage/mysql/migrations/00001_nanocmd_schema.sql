@@ -1,5 +1,7 @@
 -- NanoCMD v0.7.1 engine/storage/mysql/schema.sql, unchanged but for IF NOT
--- EXISTS, so that a database NanoCMD already made is adopted as it is.
+-- EXISTS, so that a database NanoCMD already made is adopted as it is, and
+-- utf8mb4 whatever the database's default character set (an older database
+-- may be utf8mb3 or latin1, which cannot hold every id a client sends).
 
 -- +goose NO TRANSACTION
 -- +goose Up
@@ -24,7 +26,7 @@ CREATE TABLE IF NOT EXISTS steps (
 
     created_at TIMESTAMP DEFAULT CURRENT_TIMESTAMP,
     updated_at TIMESTAMP DEFAULT CURRENT_TIMESTAMP ON UPDATE CURRENT_TIMESTAMP
-);
+) DEFAULT CHARSET=utf8mb4;
 
 CREATE TABLE IF NOT EXISTS id_commands (
     enrollment_id VARCHAR(255) NOT NULL,
@@ -51,7 +53,7 @@ CREATE TABLE IF NOT EXISTS id_commands (
         REFERENCES steps (id),
 
     PRIMARY KEY (enrollment_id, command_uuid)
-);
+) DEFAULT CHARSET=utf8mb4;
 
 CREATE TABLE IF NOT EXISTS step_commands (
     command_uuid VARCHAR(127) NOT NULL,
@@ -67,7 +69,7 @@ CREATE TABLE IF NOT EXISTS step_commands (
         REFERENCES steps (id),
 
     PRIMARY KEY (command_uuid, step_id)
-);
+) DEFAULT CHARSET=utf8mb4;
 
 CREATE TABLE IF NOT EXISTS wf_events (
     event_name VARCHAR(255) NOT NULL,
@@ -83,7 +85,7 @@ CREATE TABLE IF NOT EXISTS wf_events (
     INDEX (event_type),
 
     PRIMARY KEY (event_name)
-);
+) DEFAULT CHARSET=utf8mb4;
 
 CREATE TABLE IF NOT EXISTS wf_status (
     enrollment_id VARCHAR(255) NOT NULL,
@@ -102,7 +104,7 @@ CREATE TABLE IF NOT EXISTS wf_status (
     INDEX (workflow_name),
 
     PRIMARY KEY (enrollment_id, workflow_name)
-);
+) DEFAULT CHARSET=utf8mb4;
 
 -- +goose Down
 DROP TABLE IF EXISTS wf_status;

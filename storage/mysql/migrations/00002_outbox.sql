@@ -18,7 +18,7 @@ CREATE TABLE IF NOT EXISTS stepcollect_outbox (
 
     UNIQUE KEY outbox_event_id (event_id),
     KEY outbox_created_at (created_at)
-);
+) DEFAULT CHARSET=utf8mb4;
 
 -- +goose Down
 DROP TABLE IF EXISTS stepcollect_outbox;

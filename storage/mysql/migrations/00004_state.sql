@@ -9,7 +9,7 @@ CREATE TABLE IF NOT EXISTS stepcollect_state (
     name       VARCHAR(64)  NOT NULL PRIMARY KEY,
     value      DOUBLE       NOT NULL,
     updated_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6) ON UPDATE CURRENT_TIMESTAMP(6)
-);
+) DEFAULT CHARSET=utf8mb4;
 
 -- +goose Down
 DROP TABLE IF EXISTS stepcollect_state;

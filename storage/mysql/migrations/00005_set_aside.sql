@@ -14,7 +14,7 @@ CREATE TABLE IF NOT EXISTS stepcollect_set_aside (
     created_at TIMESTAMP(6)  NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
 
     PRIMARY KEY (step_id, event_type)
-);
+) DEFAULT CHARSET=utf8mb4;
 
 -- +goose Down
 DROP TABLE IF EXISTS stepcollect_set_aside;

@@ -20,7 +20,7 @@ CREATE TABLE IF NOT EXISTS stepcollect_delivery (
     id     TINYINT      NOT NULL PRIMARY KEY,
     paused TINYINT      NOT NULL DEFAULT 0,
     since  TIMESTAMP(6) NULL
-);
+) DEFAULT CHARSET=utf8mb4;
 
 INSERT IGNORE INTO stepcollect_delivery (id, paused, since) VALUES (1, 0, NULL);
 

@@ -12,7 +12,7 @@ CREATE TABLE IF NOT EXISTS stepcollect_receipts (
     created_at    TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
     PRIMARY KEY (step_id, enrollment_id),
     KEY receipts_created_at (created_at)
-);
+) DEFAULT CHARSET=utf8mb4;
 
 -- +goose Down
 DROP TABLE IF EXISTS stepcollect_receipts;

@@ -35,13 +35,14 @@
 -- on working if the account that migrated is dropped. The caller uses it
 -- only while its parameters have id_commands' character set and collation
 -- (a parameter that differs would be converted to, and keep the primary key
--- from serving the deletes), and falls back to the query otherwise.
+-- from serving the deletes), and falls back to the query otherwise. They
+-- are utf8mb4, as migration 1's tables, whatever the database's default.
 
 -- +goose Up
 -- +goose StatementBegin
 CREATE PROCEDURE stepcollect_complete_predicted(
-    IN p_enrollment VARCHAR(255),
-    IN p_command    VARCHAR(127),
+    IN p_enrollment VARCHAR(255) CHARACTER SET utf8mb4,
+    IN p_command    VARCHAR(127) CHARACTER SET utf8mb4,
     IN p_step       BIGINT,
     IN p_others     MEDIUMTEXT,
     IN p_others_n   INT,
@@ -89,8 +90,8 @@ END
 
 -- +goose StatementBegin
 CREATE PROCEDURE stepcollect_store_predicted(
-    IN p_enrollment VARCHAR(255),
-    IN p_command    VARCHAR(127),
+    IN p_enrollment VARCHAR(255) CHARACTER SET utf8mb4,
+    IN p_command    VARCHAR(127) CHARACTER SET utf8mb4,
     IN p_step       BIGINT,
     IN p_result     LONGBLOB,
     IN p_rows       MEDIUMTEXT,

@@ -21,8 +21,8 @@
 -- +goose Up
 -- +goose StatementBegin
 CREATE PROCEDURE stepcollect_complete_single(
-    IN p_enrollment VARCHAR(255),
-    IN p_command    VARCHAR(127),
+    IN p_enrollment VARCHAR(255) CHARACTER SET utf8mb4,
+    IN p_command    VARCHAR(127) CHARACTER SET utf8mb4,
     IN p_step       BIGINT,
     IN p_event_id   VARCHAR(64),
     IN p_event_type VARCHAR(32),

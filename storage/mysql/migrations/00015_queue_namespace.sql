@@ -17,7 +17,7 @@
 CREATE TABLE IF NOT EXISTS stepcollect_deployment (
     id              TINYINT     NOT NULL PRIMARY KEY,
     queue_namespace VARCHAR(32) NOT NULL
-);
+) DEFAULT CHARSET=utf8mb4;
 
 INSERT IGNORE INTO stepcollect_deployment (id, queue_namespace) VALUES (1, LEFT(SHA2(UUID(), 256), 16));
 
