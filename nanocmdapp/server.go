@@ -375,6 +375,14 @@ func bodyRefusal(err error) (int, string) {
 // is answered 401.
 func webhookBody(next http.Handler, key []byte, bodies *bodyadmit.Admitter, logger log.Logger) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// a browser's forged POST, before its body is read (NanoMDM sends
+		// neither Origin nor Sec-Fetch-Site)
+		if err := httpapi.RefuseBrowserWebhook(r); err != nil {
+			logger.Info(logkeys.Message, "webhook refused", logkeys.Error, err.Error())
+			w.Header().Set("Connection", "close")
+			http.Error(w, "webhook "+err.Error(), http.StatusForbidden)
+			return
+		}
 		body, release, err := bodies.Admit(w, r)
 		if release != nil {
 			defer release()

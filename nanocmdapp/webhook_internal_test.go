@@ -185,6 +185,38 @@ func TestWebhookBodyWithinTheLimitReachesNanoCMDsHandler(t *testing.T) {
 	}
 }
 
+// A browser's POST to the webhook (a forged result in a text/plain form,
+// with or without the HMAC key configured) is refused 403 before NanoCMD's
+// handler; NanoMDM's sender sets neither header and passes.
+func TestWebhookRefusesABrowsersPost(t *testing.T) {
+	t.Parallel()
+	s := newBodyServer(t, nil, time.Minute)
+	body := `{"topic":"mdm.Connect","acknowledge_event":{"udid":"DEV-1","status":"Idle","raw_payload":"PHBsaXN0Lz4="}}`
+	for _, h := range []map[string]string{
+		{"Sec-Fetch-Site": "cross-site"},
+		{"Origin": "https://evil.example"},
+		{"Sec-Fetch-Site": "same-site", "Origin": "https://mdm.example"},
+	} {
+		req, _ := http.NewRequest("POST", s.URL+"/webhook", strings.NewReader(body))
+		req.Header.Set("Content-Type", "text/plain")
+		for k, v := range h {
+			req.Header.Set(k, v)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusForbidden || !strings.Contains(string(b), "browser") {
+			t.Errorf("%v: %d %q, want 403 naming the browser", h, resp.StatusCode, b)
+		}
+	}
+	if n := s.reached.Load(); n != 0 {
+		t.Fatalf("NanoCMD's handler reached %d times, want 0", n)
+	}
+}
+
 // The server's ReadTimeout ends with the body (net/http clears it once the
 // body is read): NanoCMD's handler may run past it (a slow database,
 // NanoMDM's enqueue API) without its request being cancelled.
