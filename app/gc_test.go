@@ -43,6 +43,7 @@ func TestTuneGCLeavesWhatTheOperatorSet(t *testing.T) {
 // The api's limit follows its body budget: the raised target never lets it
 // hold more than the budget and the rest of the process.
 func TestTheAPIsMemoryLimitFollowsTheBodyBudget(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		maxBody, inflight, want int64
 	}{

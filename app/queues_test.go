@@ -18,6 +18,7 @@ import (
 // A task kept completed (asynq.Retention, as the sweeper's are) is not in
 // asynq_queue_size: asynq's own QueueInfo.Size counts it, against its doc.
 func TestQueueSizeLeavesOutCompletedTasks(t *testing.T) {
+	t.Parallel()
 	rs := testkit.StartRedis(t)
 	opt, err := asynq.ParseRedisURI(rs.URL)
 	if err != nil {
@@ -81,6 +82,7 @@ func queueUp(t *testing.T, qr metrics.QueueReader, queue string) (up, size float
 // the completed set makes asynq's GetQueueInfo fail (hibiken/asynq#728):
 // the queue is still up while Redis answers, and down once it does not.
 func TestAnExpiredTaskKeyDoesNotTakeTheQueueDown(t *testing.T) {
+	t.Parallel()
 	rs := testkit.StartRedis(t)
 	opt, err := asynq.ParseRedisURI(rs.URL)
 	if err != nil {

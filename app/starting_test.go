@@ -41,12 +41,15 @@ func TestWorkerToldToStopWhileWaitingForMySQLReturns(t *testing.T) {
 	addr := testkit.FreeAddr(t) // nothing listens there
 	ctx, cancel := context.WithCancel(context.Background())
 	errc := make(chan error, 1)
+	logs := &testkit.LogBuffer{}
 	go func() {
 		_, err := app.NewWorker(ctx, app.WorkerConfig{MySQLDSN: "root@tcp(" + addr + ")/nothing", RedisURL: "redis://127.0.0.1:1",
-			Migrate: true, MetricsListen: "127.0.0.1:0", Concurrency: 1, ShutdownTimeout: time.Second, MySQLMaxConns: 4}, zerolog.Nop())
+			Migrate: true, MetricsListen: "127.0.0.1:0", Concurrency: 1, ShutdownTimeout: time.Second, MySQLMaxConns: 4}, zerolog.New(logs))
 		errc <- err
 	}()
-	time.Sleep(time.Second)
+	testkit.WaitUntil(t, 15*time.Second, "the worker waiting for MySQL (its log)", func() (bool, any) {
+		return strings.Contains(logs.String(), "waiting for MySQL before starting"), logs.String()
+	})
 	cancel()
 	select {
 	case err := <-errc:

@@ -2,6 +2,8 @@ package collector_test
 
 import (
 	"context"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -17,6 +19,22 @@ import (
 	"github.com/stepcollect/stepcollect/metrics"
 	"github.com/stepcollect/stepcollect/tasks"
 )
+
+// redisCalls is how many times the Redis server behind rc ran cmd.
+func redisCalls(t *testing.T, rc *redis.Client, cmd string) int {
+	t.Helper()
+	info, err := rc.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_"+cmd+":calls="); ok {
+			n, _ := strconv.Atoi(strings.SplitN(v, ",", 2)[0])
+			return n
+		}
+	}
+	return 0
+}
 
 func newSweeper(t *testing.T, b *bundle, interval time.Duration) *collector.Sweeper {
 	t.Helper()
@@ -78,7 +96,13 @@ func TestSweepOnQueueLossCollectsOnceRedisLostItsData(t *testing.T) {
 		return n == 1, n
 	})
 	lost := b.storeStep(t, "lost", 2) // released while its collect task sits in Redis …
-	time.Sleep(1500 * time.Millisecond)
+	// the watch looks twice more and finds its marker: a sweep the first
+	// look set off would be over by the second
+	looked := redisCalls(t, rc, "setnx")
+	testkit.WaitUntil(t, 15*time.Second, "the watch looking twice more (SETNX calls)", func() (bool, any) {
+		n := redisCalls(t, rc, "setnx") - looked
+		return n >= 2, n
+	})
 	if s, _, _ := b.exists(t, lost); s != 1 {
 		t.Fatal("swept with nothing lost")
 	}

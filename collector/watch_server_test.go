@@ -16,6 +16,7 @@ type scriptedServer struct {
 	mu     sync.Mutex
 	script []string // "" for an error
 	asked  int
+	past   chan struct{} // closed when asked for the third time past the script's end
 }
 
 func (s *scriptedServer) ServerIdentity(context.Context) (string, error) {
@@ -23,6 +24,9 @@ func (s *scriptedServer) ServerIdentity(context.Context) (string, error) {
 	defer s.mu.Unlock()
 	id := s.script[min(s.asked, len(s.script)-1)]
 	s.asked++
+	if s.asked == len(s.script)+3 {
+		close(s.past)
+	}
 	if id == "" {
 		return "", errors.New("no answer")
 	}
@@ -36,7 +40,7 @@ func (s *scriptedServer) ServerIdentity(context.Context) (string, error) {
 func TestWatchServerCallsOnNewOncePerServerNotSeenBefore(t *testing.T) {
 	t.Parallel()
 	srv := &scriptedServer{script: []string{"a:3306 server_id 1", "a:3306 server_id 1", "", "b:3306 server_id 2",
-		"a:3306 server_id 1", "b:3306 server_id 2", "", "c:3306 server_id 3", "c:3306 server_id 3"}}
+		"a:3306 server_id 1", "b:3306 server_id 2", "", "c:3306 server_id 3", "c:3306 server_id 3"}, past: make(chan struct{})}
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	var mu sync.Mutex
@@ -50,15 +54,10 @@ func TestWatchServerCallsOnNewOncePerServerNotSeenBefore(t *testing.T) {
 			mu.Unlock()
 		})
 	}()
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		srv.mu.Lock()
-		asked := srv.asked
-		srv.mu.Unlock()
-		if asked > len(srv.script)+2 || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(time.Millisecond)
+	select {
+	case <-srv.past: // every answer of the script, and the last twice more, seen
+	case <-time.After(15 * time.Second):
+		t.Error("the watch did not ask its way through the script within 15 s")
 	}
 	cancel()
 	<-done

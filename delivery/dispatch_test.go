@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -36,48 +37,148 @@ func completions(t *testing.T, store *stepmysql.Storage, prefix string, n int) {
 	testkit.Complete(t, store, step, step.IDs...)
 }
 
-// awaitDelivered waits until rcv has n distinct events.
-func awaitDelivered(t *testing.T, rcv *testkit.Receiver, n int, what string) {
+// dispatchBundle is what a dispatcher test works with: its own database
+// with an outbox, a receiver that checks what it is sent, the URL the
+// dispatchers post to, and the log every dispatcher it starts writes to.
+type dispatchBundle struct {
+	db    *testkit.DB
+	store *stepmysql.Storage
+	rcv   *testkit.Receiver
+	// url is the receiver's, or the front's the options put before it; a
+	// test may point it elsewhere before it starts a dispatcher
+	url  string
+	logs *syncBuffer
+}
+
+// dispatchOpts is how a test's bundle differs from the plain one.
+type dispatchOpts struct {
+	// Refuse is what the receiver answers at first (0: it takes every event).
+	Refuse int
+	// Front, if set, gets every POST before the receiver (b.rcv), which it
+	// passes them on to or not.
+	Front func(b *dispatchBundle, w http.ResponseWriter, r *http.Request)
+	// ConnState, if set, watches the front's connections.
+	ConnState func(net.Conn, http.ConnState)
+}
+
+// newDispatchBundle returns a fresh bundle; opts may be nil.
+func newDispatchBundle(t *testing.T, opts *dispatchOpts) *dispatchBundle {
+	t.Helper()
+	if opts == nil {
+		opts = &dispatchOpts{}
+	}
+	b := &dispatchBundle{logs: &syncBuffer{}}
+	b.db, b.store = testkit.NewStorage(t, stepmysql.WithOutbox())
+	b.rcv = testkit.NewReceiver(t, testkit.ReceiverOptions{CompletionsOnly: true})
+	b.rcv.Refuse(opts.Refuse)
+	b.url = b.rcv.URL
+	if opts.Front != nil {
+		srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { opts.Front(b, w, r) }))
+		srv.Config.ConnState = opts.ConnState
+		srv.Start()
+		t.Cleanup(srv.Close)
+		b.url = srv.URL
+	}
+	return b
+}
+
+// complete writes n step.completed events to b's outbox.
+func (b *dispatchBundle) complete(t *testing.T, prefix string, n int) {
+	t.Helper()
+	completions(t, b.store, prefix, n)
+}
+
+// dispatcher is a running dispatcher.
+type dispatcher struct {
+	stop func()               // returns once the dispatcher has
+	reg  *prometheus.Registry // its delivery metrics, as the worker's /metrics serves them
+}
+
+// start runs a dispatcher on b's outbox until the test ends.
+func (b *dispatchBundle) start(t *testing.T, cfg delivery.DispatchConfig) *dispatcher {
+	return b.startOn(t, cfg, b.store)
+}
+
+// startOn is start with store standing for b's outbox.
+func (b *dispatchBundle) startOn(t *testing.T, cfg delivery.DispatchConfig, store delivery.DispatchStore) *dispatcher {
+	return startDispatcher(t, cfg, b.url, store, b.logs)
+}
+
+// startDispatcher runs a dispatcher posting to url, logging to logs,
+// until the test ends.
+func startDispatcher(t *testing.T, cfg delivery.DispatchConfig, url string, store delivery.DispatchStore, logs *syncBuffer) *dispatcher {
+	reg := prometheus.NewRegistry()
+	d := delivery.New(delivery.Config{URL: url}, metrics.NewDelivery(reg, "step.completed"), zerolog.New(logs))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { delivery.NewDispatcher(cfg, d, store).Run(ctx); close(done) }()
+	stop := func() { cancel(); <-done }
+	t.Cleanup(stop)
+	return &dispatcher{stop: stop, reg: reg}
+}
+
+// awaitDelivered waits until the receiver has n distinct events.
+func (b *dispatchBundle) awaitDelivered(t *testing.T, n int, what string) {
 	t.Helper()
 	testkit.WaitUntil(t, 15*time.Second, what+" (distinct delivered)", func() (bool, any) {
-		got := rcv.Distinct()
+		got := b.rcv.Distinct()
 		return got == n, got
 	})
 }
 
 // awaitOutboxEmpty waits until every event is acknowledged.
-func awaitOutboxEmpty(t *testing.T, db *testkit.DB) {
+func (b *dispatchBundle) awaitOutboxEmpty(t *testing.T) {
 	t.Helper()
 	testkit.WaitUntil(t, 15*time.Second, "the outbox emptied (rows)", func() (bool, any) {
-		n := testkit.OutboxRows(t, db.DB)
+		n := testkit.OutboxRows(t, b.db.DB)
 		return n == 0, n
 	})
 }
 
-func runDispatcher(t *testing.T, cfg delivery.DispatchConfig, url string, store delivery.DispatchStore) context.CancelFunc {
-	cancel, _ := runLoggedDispatcher(t, cfg, url, store)
-	return cancel
+// awaitRefused waits until the receiver has refused n POSTs.
+func (b *dispatchBundle) awaitRefused(t *testing.T, n int, within time.Duration) {
+	t.Helper()
+	testkit.WaitUntil(t, within, fmt.Sprintf("%d failed tries (refused so far)", n), func() (bool, any) {
+		got := b.rcv.Stats().Refused
+		return got >= n, got
+	})
 }
 
-// runLoggedDispatcher is runDispatcher with the dispatcher's log in the
-// buffer it returns; its stop returns once the dispatcher has.
-func runLoggedDispatcher(t *testing.T, cfg delivery.DispatchConfig, url string, store delivery.DispatchStore) (stop func(), logs *syncBuffer) {
-	stop, logs, _ = runWatchedDispatcher(t, cfg, url, store)
-	return stop, logs
+// awaitProbing waits until the dispatcher's log says it probes.
+func (b *dispatchBundle) awaitProbing(t *testing.T) {
+	t.Helper()
+	testkit.WaitUntil(t, 15*time.Second, "the worker probing (its log)", func() (bool, any) {
+		return strings.Contains(b.logs.String(), "trying one event at a time"), b.rcv.Stats()
+	})
 }
 
-// runWatchedDispatcher is runLoggedDispatcher with the registry of its
-// delivery metrics, as the worker's /metrics serves them.
-func runWatchedDispatcher(t *testing.T, cfg delivery.DispatchConfig, url string, store delivery.DispatchStore) (stop func(), logs *syncBuffer, reg *prometheus.Registry) {
-	logs = &syncBuffer{}
-	reg = prometheus.NewRegistry()
-	d := delivery.New(delivery.Config{URL: url}, metrics.NewDelivery(reg, "step.completed"), zerolog.New(logs))
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { delivery.NewDispatcher(cfg, d, store).Run(ctx); close(done) }()
-	stop = func() { cancel(); <-done }
-	t.Cleanup(stop)
-	return stop, logs, reg
+// gate holds each POST until size of them wait, or until total have
+// arrived (every later one passes at once): a batch's POSTs overlap.
+type gate struct {
+	mu               sync.Mutex
+	size, total      int
+	waiting, arrived int
+	open             chan struct{}
+}
+
+func newGate(size, total int) *gate {
+	return &gate{size: size, total: total, open: make(chan struct{})}
+}
+
+func (g *gate) pass(ctx context.Context) {
+	g.mu.Lock()
+	g.arrived++
+	g.waiting++
+	open := g.open
+	if g.waiting >= g.size || g.arrived >= g.total {
+		close(open)
+		g.open, g.waiting = make(chan struct{}), 0
+	}
+	g.mu.Unlock()
+	select {
+	case <-open:
+	case <-ctx.Done():
+	}
 }
 
 // probing is stepcollect_delivery_probing as reg serves it at this scrape.
@@ -100,74 +201,67 @@ func probing(t *testing.T, reg *prometheus.Registry) float64 {
 // none twice, and the outbox is empty afterwards.
 func TestDispatchersDeliverEveryEventOnceBetweenThem(t *testing.T) {
 	t.Parallel()
-	db, store := testkit.NewStorage(t, stepmysql.WithOutbox())
-	rcv := testkit.NewReceiver(t, testkit.ReceiverOptions{CompletionsOnly: true})
-	completions(t, store, "disp", 600)
+	b := newDispatchBundle(t, nil)
+	b.complete(t, "disp", 600)
 	for range 3 {
-		runDispatcher(t, delivery.DispatchConfig{Batch: 16}, rcv.URL, store)
+		b.start(t, delivery.DispatchConfig{Batch: 16})
 	}
-	awaitDelivered(t, rcv, 600, "600 events delivered")
-	awaitOutboxEmpty(t, db)
-	for id, n := range rcv.Redelivered() {
+	b.awaitDelivered(t, 600, "600 events delivered")
+	b.awaitOutboxEmpty(t)
+	for id, n := range b.rcv.Redelivered() {
 		t.Errorf("event %s delivered %d times with healthy workers", id, n)
 	}
-	rcv.Check(t)
+	b.rcv.Check(t)
 }
 
 // A worker that claimed events and died never acknowledges them: another
 // worker delivers them once the lease lapses, under the same event ids.
 func TestEventsADeadWorkerHeldAreDeliveredWhenItsLeaseLapses(t *testing.T) {
 	t.Parallel()
-	db, store := testkit.NewStorage(t, stepmysql.WithOutbox())
-	rcv := testkit.NewReceiver(t, testkit.ReceiverOptions{CompletionsOnly: true})
-	completions(t, store, "dead", 20)
+	b := newDispatchBundle(t, nil)
+	b.complete(t, "dead", 20)
 	// the dead worker: claims everything with a 1 s lease, then nothing.
 	// The lease runs from a time the claim reads inside its transaction,
 	// so the clock starts before the call, not after it returns: CI once
 	// saw a claim on MySQL return at least 23 ms after its lease began.
 	claimStarted := time.Now()
-	held, err := store.ClaimDueEvents(t.Context(), 100, time.Second)
+	held, err := b.store.ClaimDueEvents(t.Context(), 100, time.Second)
 	if err != nil || len(held) != 20 {
 		t.Fatalf("claimed %d, %v; want 20", len(held), err)
 	}
-	runDispatcher(t, delivery.DispatchConfig{}, rcv.URL, store)
-	awaitDelivered(t, rcv, 20, "the dead worker's 20 events delivered")
+	b.start(t, delivery.DispatchConfig{})
+	b.awaitDelivered(t, 20, "the dead worker's 20 events delivered")
 	if took := time.Since(claimStarted); took < time.Second {
 		t.Errorf("delivered %v after the claim began, before its 1 s lease ran out", took)
 	}
 	for _, ev := range held {
-		if n := rcv.Times(ev.EventID); n != 1 {
+		if n := b.rcv.Times(ev.EventID); n != 1 {
 			t.Errorf("event %s delivered %d times", ev.EventID, n)
 		}
 	}
-	awaitOutboxEmpty(t, db)
-	rcv.Check(t)
+	b.awaitOutboxEmpty(t)
+	b.rcv.Check(t)
 }
 
 // A receiver that fails keeps the events (backing off, at most MaxBackoff
 // apart); once it answers again they are delivered within seconds.
 func TestAReceiverThatComesBackIsServedWithinTheBackoffCap(t *testing.T) {
 	t.Parallel()
-	db, store := testkit.NewStorage(t, stepmysql.WithOutbox())
-	rcv := testkit.NewReceiver(t, testkit.ReceiverOptions{CompletionsOnly: true})
-	rcv.Refuse(http.StatusServiceUnavailable)
-	completions(t, store, "down", 10)
-	runDispatcher(t, delivery.DispatchConfig{MaxBackoff: time.Second}, rcv.URL, store)
-	testkit.WaitUntil(t, 15*time.Second, "20 failed tries (refused so far)", func() (bool, any) {
-		n := rcv.Stats().Refused
-		return n >= 20, n
-	})
-	if n := testkit.OutboxRows(t, db.DB); n != 10 {
+	b := newDispatchBundle(t, &dispatchOpts{Refuse: http.StatusServiceUnavailable})
+	b.complete(t, "down", 10)
+	b.start(t, delivery.DispatchConfig{MaxBackoff: time.Second})
+	b.awaitRefused(t, 20, 15*time.Second)
+	if n := testkit.OutboxRows(t, b.db.DB); n != 10 {
 		t.Fatalf("%d events in the outbox while the receiver fails, want all 10", n)
 	}
 	back := time.Now()
-	rcv.Refuse(0)
-	awaitDelivered(t, rcv, 10, "10 events delivered after the receiver came back")
+	b.rcv.Refuse(0)
+	b.awaitDelivered(t, 10, "10 events delivered after the receiver came back")
 	if took := time.Since(back); took > 3*time.Second {
 		t.Errorf("delivered %v after the receiver came back, want within the 1 s backoff cap (and a poll)", took)
 	}
-	awaitOutboxEmpty(t, db)
-	rcv.Check(t)
+	b.awaitOutboxEmpty(t)
+	b.rcv.Check(t)
 }
 
 // lateRenewals is a store whose lease renewals never land, as when the
@@ -178,30 +272,62 @@ func (lateRenewals) RenewLeases(context.Context, []storage.OutboxRef, time.Durat
 	return nil
 }
 
+// stillDelivering is what a worker logs when a claim returns an event one
+// of its loops is posting.
+const stillDelivering = "claimed an event this worker is still delivering"
+
 // An event whose lease lapses while its POST runs (the renewals late) is
 // claimed again by another loop of the same worker, which does not POST it
 // a second time: one worker never delivers one event twice at once.
 func TestAWorkerNeverPostsAnEventItIsStillDelivering(t *testing.T) {
 	t.Parallel()
-	db, store := testkit.NewStorage(t, stepmysql.WithOutbox())
-	rcv := testkit.NewReceiver(t, testkit.ReceiverOptions{CompletionsOnly: true})
-	completions(t, store, "own", 1)
-	const lease = 300 * time.Millisecond
 	var posts atomic.Int32
-	// answers after six leases: the other loops poll all the while
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	b := newDispatchBundle(t, &dispatchOpts{Front: func(b *dispatchBundle, w http.ResponseWriter, r *http.Request) {
 		posts.Add(1)
-		time.Sleep(6 * lease)
-		rcv.ServeHTTP(w, r)
-	}))
-	t.Cleanup(srv.Close)
-	runDispatcher(t, delivery.DispatchConfig{Lease: lease, PollInterval: 20 * time.Millisecond}, srv.URL, lateRenewals{store})
-	awaitDelivered(t, rcv, 1, "the event delivered")
-	awaitOutboxEmpty(t, db)
+		// answers once a loop has claimed the event again (its lease
+		// lapsed) and let it be
+		testkit.Watch(time.Now().Add(15*time.Second), func() bool { return strings.Contains(b.logs.String(), stillDelivering) })
+		b.rcv.ServeHTTP(w, r)
+	}})
+	b.complete(t, "own", 1)
+	const lease = 300 * time.Millisecond
+	b.startOn(t, delivery.DispatchConfig{Lease: lease, PollInterval: 20 * time.Millisecond}, lateRenewals{b.store})
+	b.awaitDelivered(t, 1, "the event delivered")
+	b.awaitOutboxEmpty(t)
+	if !strings.Contains(b.logs.String(), stillDelivering) {
+		t.Errorf("no claim returned the event while it was posted (the log has no %q): nothing was tested", stillDelivering)
+	}
 	if n := posts.Load(); n != 1 {
 		t.Errorf("the event was posted %d times by one worker, want 1: its lease lapsed and another loop posted it again", n)
 	}
-	rcv.Check(t)
+	b.rcv.Check(t)
+}
+
+// claimClock is a store that records when each of its claims began.
+type claimClock struct {
+	*stepmysql.Storage
+	mu     sync.Mutex
+	starts []time.Time
+}
+
+func (c *claimClock) ClaimDueEvents(ctx context.Context, n int, lease time.Duration) ([]*storage.OutboxEvent, error) {
+	c.mu.Lock()
+	c.starts = append(c.starts, time.Now())
+	c.mu.Unlock()
+	return c.Storage.ClaimDueEvents(ctx, n, lease)
+}
+
+// since is how many claims began after at.
+func (c *claimClock) since(at time.Time) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for _, s := range c.starts {
+		if s.After(at) {
+			n++
+		}
+	}
+	return n
 }
 
 // An event answered at once is acknowledged then, not when the slowest
@@ -209,41 +335,43 @@ func TestAWorkerNeverPostsAnEventItIsStillDelivering(t *testing.T) {
 // answers one event after more than a lease never sees the fast one twice.
 func TestAnAcknowledgedEventIsNotDeliveredAgainWhileItsBatchIsSlow(t *testing.T) {
 	t.Parallel()
-	db, store := testkit.NewStorage(t, stepmysql.WithOutbox())
-	rcv := testkit.NewReceiver(t, testkit.ReceiverOptions{CompletionsOnly: true})
-	completions(t, store, "lap", 2)
 	slow := testkit.EnrollmentID("lap", 1)
 	const lease = time.Second
 	var started atomic.Int32
-	// answers the slow enrollment's event after three leases, the other at once
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	second := &claimClock{}
+	// answers the slow enrollment's event once the second worker's loops
+	// have each claimed twice after a lease from its start (what would
+	// have lapsed by then is theirs to take), the other at once
+	b := newDispatchBundle(t, &dispatchOpts{Front: func(b *dispatchBundle, w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		var ev events.Event
 		if json.Unmarshal(body, &ev) == nil && len(ev.Step.IDs) == 1 && ev.Step.IDs[0] == slow {
+			lapsed := time.Now().Add(lease)
 			started.Add(1)
-			time.Sleep(3 * lease)
+			testkit.Watch(lapsed.Add(15*time.Second), func() bool { return second.since(lapsed) >= 2*4 })
 		}
 		r.Body = io.NopCloser(bytes.NewReader(body))
-		rcv.ServeHTTP(w, r)
-	}))
-	t.Cleanup(srv.Close)
+		b.rcv.ServeHTTP(w, r)
+	}})
+	second.Storage = b.store
+	b.complete(t, "lap", 2)
 
-	runDispatcher(t, delivery.DispatchConfig{Lease: lease}, srv.URL, store)
+	b.start(t, delivery.DispatchConfig{Lease: lease})
 	testkit.WaitUntil(t, 15*time.Second, "both events claimed in one batch (fast delivered, slow in flight)", func() (bool, any) {
-		n := rcv.Distinct()
+		n := b.rcv.Distinct()
 		return n == 1 && started.Load() == 1, n
 	})
 	// a second worker: it takes whatever lease lapses
-	runDispatcher(t, delivery.DispatchConfig{Lease: lease}, srv.URL, store)
-	awaitDelivered(t, rcv, 2, "both events delivered")
-	awaitOutboxEmpty(t, db)
-	for id, n := range rcv.Redelivered() {
+	b.startOn(t, delivery.DispatchConfig{Lease: lease}, second)
+	b.awaitDelivered(t, 2, "both events delivered")
+	b.awaitOutboxEmpty(t)
+	for id, n := range b.rcv.Redelivered() {
 		t.Errorf("event %s delivered %d times; it was acknowledged with its first 2xx", id, n)
 	}
 	if n := started.Load(); n != 1 {
 		t.Errorf("the slow event was posted %d times, want 1 (its lease is renewed while it runs)", n)
 	}
-	rcv.Check(t)
+	b.rcv.Check(t)
 }
 
 // A worker keeps its connections to the receiver open between batches: at
@@ -255,30 +383,29 @@ func TestAnAcknowledgedEventIsNotDeliveredAgainWhileItsBatchIsSlow(t *testing.T)
 // dialling).
 func TestAWorkerReusesItsConnectionsToTheReceiver(t *testing.T) {
 	t.Parallel()
-	db, store := testkit.NewStorage(t, stepmysql.WithOutbox())
-	rcv := testkit.NewReceiver(t, testkit.ReceiverOptions{CompletionsOnly: true})
 	const loops, batch, rounds = 4, 32, 4
-	completions(t, store, "conns", loops*batch*rounds)
 	var opened atomic.Int32
-	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		time.Sleep(20 * time.Millisecond) // a batch's POSTs overlap
-		rcv.ServeHTTP(w, r)
-	}))
-	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
-		if s == http.StateNew {
-			opened.Add(1)
-		}
-	}
-	srv.Start()
-	t.Cleanup(srv.Close)
-	runDispatcher(t, delivery.DispatchConfig{Loops: loops, Batch: batch}, srv.URL, store)
-	awaitDelivered(t, rcv, loops*batch*rounds, "every event delivered")
-	awaitOutboxEmpty(t, db)
+	g := newGate(batch, loops*batch*rounds) // a batch's POSTs overlap
+	b := newDispatchBundle(t, &dispatchOpts{
+		Front: func(b *dispatchBundle, w http.ResponseWriter, r *http.Request) {
+			g.pass(r.Context())
+			b.rcv.ServeHTTP(w, r)
+		},
+		ConnState: func(_ net.Conn, s http.ConnState) {
+			if s == http.StateNew {
+				opened.Add(1)
+			}
+		},
+	})
+	b.complete(t, "conns", loops*batch*rounds)
+	b.start(t, delivery.DispatchConfig{Loops: loops, Batch: batch})
+	b.awaitDelivered(t, loops*batch*rounds, "every event delivered")
+	b.awaitOutboxEmpty(t)
 	if n := opened.Load(); n > loops*batch {
 		t.Errorf("the worker opened %d connections to the receiver for %d events, at most %d POSTs at once: it closed connections between batches and dialled again", n, loops*batch*rounds, loops*batch)
 	}
 	t.Logf("%d connections for %d events (%d loops of %d)", opened.Load(), loops*batch*rounds, loops, batch)
-	rcv.Check(t)
+	b.rcv.Check(t)
 }
 
 // Every loop's whole batch is in flight at once, whatever the other loops
@@ -287,14 +414,11 @@ func TestAWorkerReusesItsConnectionsToTheReceiver(t *testing.T) {
 // every event is in flight (or 10 s have passed).
 func TestEveryLoopPostsItsWholeBatchAtOnce(t *testing.T) {
 	t.Parallel()
-	db, store := testkit.NewStorage(t, stepmysql.WithOutbox())
-	rcv := testkit.NewReceiver(t, testkit.ReceiverOptions{CompletionsOnly: true})
 	const loops, batch = 2, 4
-	completions(t, store, "atonce", loops*batch)
 	var inflight, most atomic.Int32
 	all := make(chan struct{})
 	var once sync.Once
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	b := newDispatchBundle(t, &dispatchOpts{Front: func(b *dispatchBundle, w http.ResponseWriter, r *http.Request) {
 		n := inflight.Add(1)
 		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
 		}
@@ -306,18 +430,18 @@ func TestEveryLoopPostsItsWholeBatchAtOnce(t *testing.T) {
 		case <-time.After(10 * time.Second):
 		}
 		inflight.Add(-1)
-		rcv.ServeHTTP(w, r)
-	}))
-	t.Cleanup(srv.Close)
+		b.rcv.ServeHTTP(w, r)
+	}})
+	b.complete(t, "atonce", loops*batch)
 	// one claim a loop takes every event: the loops' first claims split
 	// them, a batch each (SKIP LOCKED, then the lease)
-	runDispatcher(t, delivery.DispatchConfig{Loops: loops, Batch: batch}, srv.URL, store)
-	awaitDelivered(t, rcv, loops*batch, "every event delivered")
-	awaitOutboxEmpty(t, db)
+	b.start(t, delivery.DispatchConfig{Loops: loops, Batch: batch})
+	b.awaitDelivered(t, loops*batch, "every event delivered")
+	b.awaitOutboxEmpty(t)
 	if m := most.Load(); m != loops*batch {
 		t.Errorf("at most %d POSTs were in flight at once, want %d (%d loops of %d): a loop waited for another's POSTs", m, loops*batch, loops, batch)
 	}
-	rcv.Check(t)
+	b.rcv.Check(t)
 }
 
 // racingClaim is an outbox of one event whose second claim read it before
@@ -334,8 +458,14 @@ type racingClaim struct {
 	n        int
 	returned bool // the racing claim returned
 	parked   int
+	racing   chan struct{} // closed when the racing claim begins
 	acked    chan struct{}
 	once     sync.Once
+}
+
+func newRacingClaim() *racingClaim {
+	return &racingClaim{ev: storage.OutboxEvent{OutboxRef: storage.OutboxRef{ID: 7, EventID: "ev-7", Type: "step.completed", Attempts: 1}, Payload: []byte(`{}`)},
+		racing: make(chan struct{}), acked: make(chan struct{})}
 }
 
 func (f *racingClaim) ClaimDueEvents(ctx context.Context, _ int, _ time.Duration) ([]*storage.OutboxEvent, error) {
@@ -354,12 +484,14 @@ func (f *racingClaim) ClaimDueEvents(ctx context.Context, _ int, _ time.Duration
 		ev := f.ev
 		return []*storage.OutboxEvent{&ev}, nil
 	case n == 2:
+		close(f.racing)
 		select {
 		case <-f.acked:
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}
-		// the posting loop releases the event right after its ack returns
+		// Places the race: the posting loop releases the event right
+		// after its ack returns, and the dispatcher signals no release.
 		time.Sleep(100 * time.Millisecond)
 		f.mu.Lock()
 		f.returned = true
@@ -388,16 +520,19 @@ func (f *racingClaim) HoldEvent(context.Context, storage.OutboxRef, string) erro
 // and acknowledged while the claim ran does not POST it again.
 func TestAWorkerDoesNotPostAgainWhatItAcknowledgedWhileAClaimRan(t *testing.T) {
 	t.Parallel()
-	f := &racingClaim{ev: storage.OutboxEvent{OutboxRef: storage.OutboxRef{ID: 7, EventID: "ev-7", Type: "step.completed", Attempts: 1}, Payload: []byte(`{}`)},
-		acked: make(chan struct{})}
+	f := newRacingClaim()
 	var posts atomic.Int32
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		posts.Add(1)
-		time.Sleep(50 * time.Millisecond) // the other loop's claim starts meanwhile
+		// answers once the other loop's claim has begun
+		select {
+		case <-f.racing:
+		case <-r.Context().Done():
+		}
 		w.WriteHeader(http.StatusOK)
 	}))
 	t.Cleanup(srv.Close)
-	runDispatcher(t, delivery.DispatchConfig{Loops: 2, PollInterval: 10 * time.Millisecond}, srv.URL, f)
+	startDispatcher(t, delivery.DispatchConfig{Loops: 2, PollInterval: 10 * time.Millisecond}, srv.URL, f, &syncBuffer{})
 	testkit.WaitUntil(t, 15*time.Second, "both loops claiming again after the racing claim (parked)", func() (bool, any) {
 		n := f.parkedLoops()
 		return n == 2, n
@@ -414,12 +549,9 @@ func TestAWorkerDoesNotPostAgainWhatItAcknowledgedWhileAClaimRan(t *testing.T) {
 // the end while twenty events written after them are delivered.
 func TestAHangingPOSTHoldsUpNoOtherEvent(t *testing.T) {
 	t.Parallel()
-	db, store := testkit.NewStorage(t, stepmysql.WithOutbox())
-	rcv := testkit.NewReceiver(t, testkit.ReceiverOptions{CompletionsOnly: true})
-	completions(t, store, "hang", 2)
 	release := make(chan struct{})
 	var hanging atomic.Int32
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	b := newDispatchBundle(t, &dispatchOpts{Front: func(b *dispatchBundle, w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		var ev events.Event
 		if json.Unmarshal(body, &ev) == nil && len(ev.Step.IDs) == 1 && strings.HasPrefix(ev.Step.IDs[0], "hang-") {
@@ -427,25 +559,25 @@ func TestAHangingPOSTHoldsUpNoOtherEvent(t *testing.T) {
 			<-release
 		}
 		r.Body = io.NopCloser(bytes.NewReader(body))
-		rcv.ServeHTTP(w, r)
-	}))
-	t.Cleanup(srv.Close)
-	runDispatcher(t, delivery.DispatchConfig{Loops: 1, Batch: 8, PollInterval: 20 * time.Millisecond}, srv.URL, store)
+		b.rcv.ServeHTTP(w, r)
+	}})
+	b.complete(t, "hang", 2)
+	b.start(t, delivery.DispatchConfig{Loops: 1, Batch: 8, PollInterval: 20 * time.Millisecond})
 	var once sync.Once
 	free := func() { once.Do(func() { close(release) }) }
 	t.Cleanup(free) // before the dispatcher stops, which waits for its POSTs
 	testkit.WaitUntil(t, 15*time.Second, "both hanging POSTs in flight (hanging)", func() (bool, any) {
 		return hanging.Load() == 2, hanging.Load()
 	})
-	completions(t, store, "after", 20)
-	awaitDelivered(t, rcv, 20, "the twenty events written while two POSTs hang")
+	b.complete(t, "after", 20)
+	b.awaitDelivered(t, 20, "the twenty events written while two POSTs hang")
 	free()
-	awaitDelivered(t, rcv, 22, "the two once their POSTs are answered")
-	awaitOutboxEmpty(t, db)
+	b.awaitDelivered(t, 22, "the two once their POSTs are answered")
+	b.awaitOutboxEmpty(t)
 	if n := hanging.Load(); n != 2 {
 		t.Errorf("the hanging events were posted %d times, want 2 (their leases are renewed while they hang)", n)
 	}
-	rcv.Check(t)
+	b.rcv.Check(t)
 }
 
 // A receiver that is down fails every event, and every retry: the log has
@@ -453,24 +585,20 @@ func TestAHangingPOSTHoldsUpNoOtherEvent(t *testing.T) {
 // (thousands a second), while the metric counts every one.
 func TestFailedDeliveriesLogAFewLinesASecondNotOneEach(t *testing.T) {
 	t.Parallel()
-	_, store := testkit.NewStorage(t, stepmysql.WithOutbox())
-	rcv := testkit.NewReceiver(t, testkit.ReceiverOptions{CompletionsOnly: true})
-	rcv.Refuse(http.StatusServiceUnavailable)
-	completions(t, store, "noisy", 200)
+	b := newDispatchBundle(t, &dispatchOpts{Refuse: http.StatusServiceUnavailable})
+	b.complete(t, "noisy", 200)
 	start := time.Now()
-	stop, logs := runLoggedDispatcher(t, delivery.DispatchConfig{MaxBackoff: 100 * time.Millisecond}, rcv.URL, store)
+	d := b.start(t, delivery.DispatchConfig{MaxBackoff: 100 * time.Millisecond})
 	// every event tried once, at once (Loops x Batch places): without the
-	// sampler that burst alone was a line each
-	testkit.WaitUntil(t, 15*time.Second, "200 failed tries (refused so far)", func() (bool, any) {
-		n := rcv.Stats().Refused
-		return n >= 200, n
-	})
-	time.Sleep(time.Second) // and the tries after it
-	stop()
+	// sampler that burst alone was a line each; and the tries after it,
+	// retries and probes, for a second or so
+	b.awaitRefused(t, 200, 15*time.Second)
+	b.awaitRefused(t, 200+4, 15*time.Second)
+	d.stop()
 	secs := time.Since(start).Seconds()
-	lines := strings.Count(logs.String(), "delivery failed; will retry")
+	lines := strings.Count(b.logs.String(), "delivery failed; will retry")
 	if max := int(5*(secs+1)) + 5; lines > max || lines == 0 {
-		t.Errorf("%d \"will retry\" lines in %.1f s for %d failed tries, want at least one and at most %d", lines, secs, rcv.Stats().Refused, max)
+		t.Errorf("%d \"will retry\" lines in %.1f s for %d failed tries, want at least one and at most %d", lines, secs, b.rcv.Stats().Refused, max)
 	}
 }
 
@@ -479,25 +607,20 @@ func TestFailedDeliveriesLogAFewLinesASecondNotOneEach(t *testing.T) {
 // backoff (up to the cap): the first success after the run ends them all.
 func TestAReceiverThatAnswersAgainGetsTheFailedEventsAtOnce(t *testing.T) {
 	t.Parallel()
-	db, store := testkit.NewStorage(t, stepmysql.WithOutbox())
-	rcv := testkit.NewReceiver(t, testkit.ReceiverOptions{CompletionsOnly: true})
-	rcv.Refuse(http.StatusServiceUnavailable)
-	completions(t, store, "back", 20)
-	runDispatcher(t, delivery.DispatchConfig{MaxBackoff: 8 * time.Second}, rcv.URL, store)
+	b := newDispatchBundle(t, &dispatchOpts{Refuse: http.StatusServiceUnavailable})
+	b.complete(t, "back", 20)
+	b.start(t, delivery.DispatchConfig{MaxBackoff: 8 * time.Second})
 	// four tries each: the next is 4 to 8 s away
-	testkit.WaitUntil(t, 30*time.Second, "80 failed tries (refused so far)", func() (bool, any) {
-		n := rcv.Stats().Refused
-		return n >= 80, n
-	})
+	b.awaitRefused(t, 80, 30*time.Second)
 	back := time.Now()
-	rcv.Refuse(0)
-	completions(t, store, "fresh", 1) // tried at once, and taken
-	awaitDelivered(t, rcv, 21, "21 events delivered after the receiver came back")
+	b.rcv.Refuse(0)
+	b.complete(t, "fresh", 1) // tried at once, and taken
+	b.awaitDelivered(t, 21, "21 events delivered after the receiver came back")
 	if took := time.Since(back); took > 3*time.Second {
 		t.Errorf("delivered %v after the receiver came back, want at once (the backoffs were 4 to 8 s)", took.Round(time.Millisecond))
 	}
-	awaitOutboxEmpty(t, db)
-	rcv.Check(t)
+	b.awaitOutboxEmpty(t)
+	b.rcv.Check(t)
 }
 
 // A receiver that fails every POST is probed, not sent every due event:
@@ -507,58 +630,60 @@ func TestAReceiverThatAnswersAgainGetsTheFailedEventsAtOnce(t *testing.T) {
 // probe it takes ends the run, and every event is delivered within seconds.
 func TestADownReceiverIsProbedNotSentEveryPendingEvent(t *testing.T) {
 	t.Parallel()
-	db, store := testkit.NewStorage(t, stepmysql.WithOutbox())
-	rcv := testkit.NewReceiver(t, testkit.ReceiverOptions{CompletionsOnly: true})
-	rcv.Refuse(http.StatusServiceUnavailable)
-	completions(t, store, "probed", 1000)
-	_, logs, reg := runWatchedDispatcher(t, delivery.DispatchConfig{MaxBackoff: time.Second}, rcv.URL, store)
-	testkit.WaitUntil(t, 15*time.Second, "the worker probing (its log)", func() (bool, any) {
-		return strings.Contains(logs.String(), "trying one event at a time"), rcv.Stats().Refused
-	})
+	b := newDispatchBundle(t, &dispatchOpts{Refuse: http.StatusServiceUnavailable})
+	b.complete(t, "probed", 1000)
+	d := b.start(t, delivery.DispatchConfig{MaxBackoff: time.Second})
+	b.awaitProbing(t)
 	// an operator sees it on the worker's /metrics, as long as it lasts
-	if got := probing(t, reg); got != 1 {
+	if got := probing(t, d.reg); got != 1 {
 		t.Errorf("stepcollect_delivery_probing %v while the worker probes, want 1", got)
 	}
-	time.Sleep(time.Second) // the POSTs in flight when it began end
-	before := rcv.Stats().Refused
-	linesBefore := strings.Count(logs.String(), "will retry")
-	const window = 3 * time.Second
-	time.Sleep(window)
+	testkit.WaitUntil(t, 15*time.Second, "the POSTs in flight when it began ended (counted POSTs, received POSTs)", func() (bool, any) {
+		counted, posted := deliveries(t, d.reg, ""), b.rcv.Stats().Posts
+		return int(counted) == posted && b.rcv.Answering() == 0, [2]int{int(counted), posted}
+	})
+	before := b.rcv.Stats().Refused
+	linesBefore := strings.Count(b.logs.String(), "will retry")
+	// a dozen probes, 3 s of them at 4 a second; a worker without the
+	// brake sent each of the 1000 events about once a second (the 1 s
+	// cap, jittered), thousands a second
+	const probes = 12
+	began := time.Now()
+	b.awaitRefused(t, before+probes, 15*time.Second)
+	window := time.Since(began)
 	// while it probes, no line a failed probe: one now and then says so
-	if n := strings.Count(logs.String(), "will retry") - linesBefore; n > 0 {
+	if n := strings.Count(b.logs.String(), "will retry") - linesBefore; n > 0 {
 		t.Errorf("%d \"will retry\" lines while probing, want none (the probing lines say it)", n)
 	}
-	if n := strings.Count(logs.String(), "the receiver still fails"); n < 1 || n > 2 {
+	if n := strings.Count(b.logs.String(), "the receiver still fails"); n < 1 || n > 2 {
 		t.Errorf("%d \"still fails\" lines in the first seconds of probing, want one (then one each 30 s)", n)
 	}
-	// 4 probes a second; a worker without the brake sent each of the 1000
-	// events about once a second (the 1 s cap, jittered), thousands
-	tries := rcv.Stats().Refused - before
-	if tries > 2*4*3+8 {
-		t.Errorf("%d POSTs to a receiver failing every one in %v, want a few probes a second", tries, window)
+	tries := b.rcv.Stats().Refused - before
+	if max := int(8*window.Seconds()) + 8; tries > max {
+		t.Errorf("%d POSTs to a receiver failing every one in %v, want a few probes a second (at most %d)", tries, window.Round(time.Millisecond), max)
 	}
-	if n := testkit.OutboxRows(t, db.DB); n != 1000 {
+	if n := testkit.OutboxRows(t, b.db.DB); n != 1000 {
 		t.Fatalf("%d events in the outbox while the receiver fails, want all 1000", n)
 	}
-	if got := probing(t, reg); got != 1 {
-		t.Errorf("stepcollect_delivery_probing %v after %v more of probing, want 1", got, window)
+	if got := probing(t, d.reg); got != 1 {
+		t.Errorf("stepcollect_delivery_probing %v after %v more of probing, want 1", got, window.Round(time.Millisecond))
 	}
 
 	back := time.Now()
-	rcv.Refuse(0)
-	awaitDelivered(t, rcv, 1000, "1000 events delivered after the receiver came back")
+	b.rcv.Refuse(0)
+	b.awaitDelivered(t, 1000, "1000 events delivered after the receiver came back")
 	if took := time.Since(back); took > 5*time.Second {
 		t.Errorf("delivered %v after the receiver came back, want within seconds (a probe, then everything due)", took.Round(time.Millisecond))
 	}
-	t.Logf("%d POSTs in %v to the receiver down; all 1000 events delivered %v after it came back", tries, window, time.Since(back).Round(time.Millisecond))
-	awaitOutboxEmpty(t, db)
-	if got := probing(t, reg); got != 0 {
+	t.Logf("%d POSTs in %v to the receiver down; all 1000 events delivered %v after it came back", tries, window.Round(time.Millisecond), time.Since(back).Round(time.Millisecond))
+	b.awaitOutboxEmpty(t)
+	if got := probing(t, d.reg); got != 0 {
 		t.Errorf("stepcollect_delivery_probing %v once the receiver answers again, want 0", got)
 	}
-	if n := strings.Count(logs.String(), "delivering at full rate"); n != 1 {
-		t.Errorf("the receiver's return logged %d times, want once:\n%s", n, logs.String())
+	if n := strings.Count(b.logs.String(), "delivering at full rate"); n != 1 {
+		t.Errorf("the receiver's return logged %d times, want once:\n%s", n, b.logs.String())
 	}
-	rcv.Check(t)
+	b.rcv.Check(t)
 }
 
 // A run of failed POSTs shorter than the brake's is not "probing": the
@@ -567,12 +692,10 @@ func TestADownReceiverIsProbedNotSentEveryPendingEvent(t *testing.T) {
 // one until the gauge is read, so the worker's streak stays at 100.
 func TestAShortRunOfFailuresIsNotProbing(t *testing.T) {
 	t.Parallel()
-	_, store := testkit.NewStorage(t, stepmysql.WithOutbox())
-	rcv := testkit.NewReceiver(t, testkit.ReceiverOptions{CompletionsOnly: true})
 	const fails = 100 // fewer than the brake's 192
 	var posts atomic.Int64
 	release := make(chan struct{})
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+	b := newDispatchBundle(t, &dispatchOpts{Front: func(b *dispatchBundle, w http.ResponseWriter, req *http.Request) {
 		if posts.Add(1) <= fails {
 			http.Error(w, "handler failed", http.StatusServiceUnavailable)
 			return
@@ -582,27 +705,27 @@ func TestAShortRunOfFailuresIsNotProbing(t *testing.T) {
 		case <-req.Context().Done():
 			return
 		}
-		rcv.ServeHTTP(w, req)
-	}))
-	t.Cleanup(srv.Close)
-	completions(t, store, "short", 300)
-	_, logs, reg := runWatchedDispatcher(t, delivery.DispatchConfig{MaxBackoff: time.Second}, srv.URL, store)
+		b.rcv.ServeHTTP(w, req)
+	}})
+	b.complete(t, "short", 300)
+	d := b.start(t, delivery.DispatchConfig{MaxBackoff: time.Second})
 	testkit.WaitUntil(t, 15*time.Second, "the first 100 POSTs counted as http_error", func() (bool, any) {
-		n := deliveries(t, reg, "http_error")
+		n := deliveries(t, d.reg, "http_error")
 		return n == fails, n
 	})
-	if got := probing(t, reg); got != 0 {
+	if got := probing(t, d.reg); got != 0 {
 		t.Errorf("stepcollect_delivery_probing %v after %d failures in a row, want 0 (the worker probes after 192)", got, fails)
 	}
 	close(release)
-	awaitDelivered(t, rcv, 300, "every event once the receiver answers")
-	if strings.Contains(logs.String(), "trying one event at a time") {
-		t.Errorf("a run of %d failures was taken for a receiver that is down:\n%s", fails, logs.String())
+	b.awaitDelivered(t, 300, "every event once the receiver answers")
+	if strings.Contains(b.logs.String(), "trying one event at a time") {
+		t.Errorf("a run of %d failures was taken for a receiver that is down:\n%s", fails, b.logs.String())
 	}
-	rcv.Check(t)
+	b.rcv.Check(t)
 }
 
-// deliveries is stepcollect_deliveries_total{outcome} as reg serves it.
+// deliveries is stepcollect_deliveries_total{outcome} as reg serves it
+// (every outcome's if outcome is "").
 func deliveries(t *testing.T, reg *prometheus.Registry, outcome string) float64 {
 	t.Helper()
 	mfs, err := reg.Gather()
@@ -616,7 +739,7 @@ func deliveries(t *testing.T, reg *prometheus.Registry, outcome string) float64 
 		}
 		for _, m := range mf.GetMetric() {
 			for _, l := range m.GetLabel() {
-				if l.GetName() == "outcome" && l.GetValue() == outcome {
+				if l.GetName() == "outcome" && (outcome == "" || l.GetValue() == outcome) {
 					n += m.GetCounter().GetValue()
 				}
 			}
@@ -630,22 +753,17 @@ func deliveries(t *testing.T, reg *prometheus.Registry, outcome string) float64 
 // its own backoff (until held) rather than one every 250 ms.
 func TestAReceiverRefusingEveryEventWith400IsNotTakenForDown(t *testing.T) {
 	t.Parallel()
-	_, store := testkit.NewStorage(t, stepmysql.WithOutbox())
-	rcv := testkit.NewReceiver(t, testkit.ReceiverOptions{CompletionsOnly: true})
-	rcv.Refuse(http.StatusBadRequest)
-	completions(t, store, "judged", 300)
-	_, logs, reg := runWatchedDispatcher(t, delivery.DispatchConfig{MaxBackoff: time.Second}, rcv.URL, store)
+	b := newDispatchBundle(t, &dispatchOpts{Refuse: http.StatusBadRequest})
+	b.complete(t, "judged", 300)
+	d := b.start(t, delivery.DispatchConfig{MaxBackoff: time.Second})
 	// two tries each, a second or so apart: a braked worker, 4 a second
 	// after its first 192, would take over 100 s
-	testkit.WaitUntil(t, 30*time.Second, "600 refused tries (so far)", func() (bool, any) {
-		n := rcv.Stats().Refused
-		return n >= 600, n
-	})
-	if got := probing(t, reg); got != 0 {
+	b.awaitRefused(t, 600, 30*time.Second)
+	if got := probing(t, d.reg); got != 0 {
 		t.Errorf("stepcollect_delivery_probing %v for a receiver answering 400, want 0", got)
 	}
-	if strings.Contains(logs.String(), "trying one event at a time") {
-		t.Errorf("a receiver answering 400 was taken for down:\n%s", logs.String())
+	if strings.Contains(b.logs.String(), "trying one event at a time") {
+		t.Errorf("a receiver answering 400 was taken for down:\n%s", b.logs.String())
 	}
 }
 
@@ -656,10 +774,8 @@ func TestAReceiverRefusingEveryEventWith400IsNotTakenForDown(t *testing.T) {
 // other workflow waited for hours (an outside probe: 0 of 300 in 90 s).
 func TestProbesFindTheEventsAReceiverTakesAmongOnesItFails(t *testing.T) {
 	t.Parallel()
-	db, store := testkit.NewStorage(t, stepmysql.WithOutbox())
-	rcv := testkit.NewReceiver(t, testkit.ReceiverOptions{CompletionsOnly: true})
 	var failed atomic.Int64
-	url := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+	b := newDispatchBundle(t, &dispatchOpts{Front: func(b *dispatchBundle, w http.ResponseWriter, req *http.Request) {
 		body, _ := io.ReadAll(req.Body)
 		var ev events.Event
 		if json.Unmarshal(body, &ev) == nil && strings.HasSuffix(ev.Step.WorkflowName, ".failing") {
@@ -668,21 +784,18 @@ func TestProbesFindTheEventsAReceiverTakesAmongOnesItFails(t *testing.T) {
 			return
 		}
 		req.Body = io.NopCloser(bytes.NewReader(body))
-		rcv.ServeHTTP(w, req)
-	}))
-	t.Cleanup(url.Close)
-	completions(t, store, "failing", 1000)
-	_, logs := runLoggedDispatcher(t, delivery.DispatchConfig{}, url.URL, store)
-	testkit.WaitUntil(t, 15*time.Second, "the worker probing (its log)", func() (bool, any) {
-		return strings.Contains(logs.String(), "trying one event at a time"), failed.Load()
-	})
+		b.rcv.ServeHTTP(w, req)
+	}})
+	b.complete(t, "failing", 1000)
+	b.start(t, delivery.DispatchConfig{})
+	b.awaitProbing(t)
 	start := time.Now()
-	completions(t, store, "taken", 300)
-	awaitDelivered(t, rcv, 300, "the 300 events the receiver takes, delivered among 1000 it fails")
+	b.complete(t, "taken", 300)
+	b.awaitDelivered(t, 300, "the 300 events the receiver takes, delivered among 1000 it fails")
 	t.Logf("300 events delivered %v after they were written, among 1000 failing (%d failed POSTs in all)",
 		time.Since(start).Round(time.Millisecond), failed.Load())
 	testkit.WaitUntil(t, 15*time.Second, "only the 1000 failing events left in the outbox (rows)", func() (bool, any) {
-		n := testkit.OutboxRows(t, db.DB)
+		n := testkit.OutboxRows(t, b.db.DB)
 		return n == 1000, n
 	})
 }
@@ -700,12 +813,10 @@ func TestMaxInflightBoundsThePOSTsAndConnectionsAtOnce(t *testing.T) {
 	}{{"bounded", 4}, {"default", 0}} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
-			_, store := testkit.NewStorage(t, stepmysql.WithOutbox())
-			rcv := testkit.NewReceiver(t, testkit.ReceiverOptions{CompletionsOnly: true})
 			var now, peak atomic.Int64
 			var mu sync.Mutex
 			conns := map[string]bool{}
-			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+			b := newDispatchBundle(t, &dispatchOpts{Front: func(b *dispatchBundle, w http.ResponseWriter, req *http.Request) {
 				n := now.Add(1)
 				defer now.Add(-1)
 				for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
@@ -713,13 +824,14 @@ func TestMaxInflightBoundsThePOSTsAndConnectionsAtOnce(t *testing.T) {
 				mu.Lock()
 				conns[req.RemoteAddr] = true
 				mu.Unlock()
+				// a slow receiver, 100 ms a POST: what is due piles up
+				// against the bound (the receiver's pace, not a wait)
 				time.Sleep(100 * time.Millisecond)
-				rcv.ServeHTTP(w, req)
-			}))
-			t.Cleanup(srv.Close)
-			completions(t, store, "inflight-"+c.name, 60)
-			runDispatcher(t, delivery.DispatchConfig{MaxInflight: c.maxInflight}, srv.URL, store)
-			awaitDelivered(t, rcv, 60, "60 events delivered")
+				b.rcv.ServeHTTP(w, req)
+			}})
+			b.complete(t, "inflight-"+c.name, 60)
+			b.start(t, delivery.DispatchConfig{MaxInflight: c.maxInflight})
+			b.awaitDelivered(t, 60, "60 events delivered")
 			mu.Lock()
 			nconns := len(conns)
 			mu.Unlock()
@@ -732,7 +844,7 @@ func TestMaxInflightBoundsThePOSTsAndConnectionsAtOnce(t *testing.T) {
 				t.Errorf("the default worker: %d POSTs at once, want many more than 4 (60 due, 100 ms each)", peak.Load())
 			}
 			t.Logf("%d POSTs at once at most, on %d connections", peak.Load(), nconns)
-			rcv.Check(t)
+			b.rcv.Check(t)
 		})
 	}
 }

@@ -9,6 +9,7 @@ import (
 // Only a 4xx about the event itself says the receiver is up; the answers
 // that refuse any request, and no answer at all, do not.
 func TestJudgedIsA4xxAboutTheEvent(t *testing.T) {
+	t.Parallel()
 	for code, want := range map[int]bool{
 		400: true, 404: true, 409: true, 410: true, 413: true, 422: true,
 		401: false, 403: false, 407: false, 408: false, 429: false,

@@ -31,21 +31,20 @@ func heldEvents(t *testing.T, store *stepmysql.Storage) []storage.OutboxEntry {
 // released once the receiver accepts it, it is delivered once.
 func TestAPoisonEventIsHeldAfterItsAttemptsAndDeliveredOnceReleased(t *testing.T) {
 	t.Parallel()
-	db, store := testkit.NewStorage(t, stepmysql.WithOutbox())
-	rcv := testkit.NewReceiver(t, testkit.ReceiverOptions{CompletionsOnly: true})
-	completions(t, store, "poison", 10)
+	b := newDispatchBundle(t, nil)
+	b.complete(t, "poison", 10)
 	var refusing atomic.Bool
 	var posts atomic.Int32
 	refusing.Store(true)
-	url := rcv.Poisoned(t, testkit.EnrollmentID("poison", 3), &refusing, &posts)
-	runDispatcher(t, delivery.DispatchConfig{MaxAttempts: 3, MaxBackoff: 100 * time.Millisecond}, url, store)
+	b.url = b.rcv.Poisoned(t, testkit.EnrollmentID("poison", 3), &refusing, &posts)
+	b.start(t, delivery.DispatchConfig{MaxAttempts: 3, MaxBackoff: 100 * time.Millisecond})
 
-	awaitDelivered(t, rcv, 9, "the 9 good events delivered")
+	b.awaitDelivered(t, 9, "the 9 good events delivered")
 	testkit.WaitUntil(t, 15*time.Second, "the poison event held", func() (bool, any) {
-		h := heldEvents(t, store)
+		h := heldEvents(t, b.store)
 		return len(h) == 1, h
 	})
-	held := heldEvents(t, store)[0]
+	held := heldEvents(t, b.store)[0]
 	if held.Attempts != 3 || held.LastError == nil || *held.LastError != "callback answered 400 Bad Request" || held.EnrollmentID == nil || *held.EnrollmentID != testkit.EnrollmentID("poison", 3) {
 		t.Errorf("held event %+v, want 3 attempts and the receiver's 400", held)
 	}
@@ -55,26 +54,25 @@ func TestAPoisonEventIsHeldAfterItsAttemptsAndDeliveredOnceReleased(t *testing.T
 	}
 
 	refusing.Store(false)
-	if done, err := store.ReleaseOrDeliverEvent(t.Context(), held.EventID); err != nil || done != stepmysql.EventReleased {
+	if done, err := b.store.ReleaseOrDeliverEvent(t.Context(), held.EventID); err != nil || done != stepmysql.EventReleased {
 		t.Fatalf("release: %q, %v", done, err)
 	}
-	awaitDelivered(t, rcv, 10, "the released event delivered")
-	awaitOutboxEmpty(t, db)
-	if n := rcv.Times(held.EventID); n != 1 || posts.Load() != 4 {
+	b.awaitDelivered(t, 10, "the released event delivered")
+	b.awaitOutboxEmpty(t)
+	if n := b.rcv.Times(held.EventID); n != 1 || posts.Load() != 4 {
 		t.Errorf("released event accepted %d times in %d posts, want once in 4", n, posts.Load())
 	}
-	rcv.Check(t)
+	b.rcv.Check(t)
 }
 
 // An event older than MaxAge is held at its first failure, its attempts
 // unused.
 func TestAnEventOlderThanMaxAgeIsHeldAtItsNextFailure(t *testing.T) {
 	t.Parallel()
-	_, store := testkit.NewStorage(t, stepmysql.WithOutbox())
-	rcv := testkit.NewReceiver(t, testkit.ReceiverOptions{CompletionsOnly: true})
-	rcv.Refuse(http.StatusServiceUnavailable)
-	completions(t, store, "old", 1)
-	runDispatcher(t, delivery.DispatchConfig{MaxAttempts: 1000, MaxAge: time.Millisecond}, rcv.URL, store)
+	b := newDispatchBundle(t, &dispatchOpts{Refuse: http.StatusServiceUnavailable})
+	store := b.store
+	b.complete(t, "old", 1)
+	b.start(t, delivery.DispatchConfig{MaxAttempts: 1000, MaxAge: time.Millisecond})
 	testkit.WaitUntil(t, 15*time.Second, "the old event held", func() (bool, any) {
 		h := heldEvents(t, store)
 		return len(h) == 1, h
@@ -89,13 +87,13 @@ func TestAnEventOlderThanMaxAgeIsHeldAtItsNextFailure(t *testing.T) {
 // each once.
 func TestAPauseStopsEveryDispatcherAndAResumeDeliversEverything(t *testing.T) {
 	t.Parallel()
-	db, store := testkit.NewStorage(t, stepmysql.WithOutbox())
-	rcv := testkit.NewReceiver(t, testkit.ReceiverOptions{CompletionsOnly: true})
+	b := newDispatchBundle(t, nil)
+	db, store, rcv := b.db, b.store, b.rcv
 	for range 2 {
-		runDispatcher(t, delivery.DispatchConfig{Batch: 8}, rcv.URL, store)
+		b.start(t, delivery.DispatchConfig{Batch: 8})
 	}
-	completions(t, store, "before", 20)
-	awaitDelivered(t, rcv, 20, "20 events delivered before the pause")
+	b.complete(t, "before", 20)
+	b.awaitDelivered(t, 20, "20 events delivered before the pause")
 
 	if _, err := store.SetDeliveryPaused(t.Context(), true); err != nil {
 		t.Fatal(err)
@@ -113,8 +111,8 @@ func TestAPauseStopsEveryDispatcherAndAResumeDeliversEverything(t *testing.T) {
 	if _, err := store.SetDeliveryPaused(t.Context(), false); err != nil {
 		t.Fatal(err)
 	}
-	awaitDelivered(t, rcv, 50, "every event delivered after the resume")
-	awaitOutboxEmpty(t, db)
+	b.awaitDelivered(t, 50, "every event delivered after the resume")
+	b.awaitOutboxEmpty(t)
 	for id, n := range rcv.Redelivered() {
 		t.Errorf("event %s delivered %d times", id, n)
 	}
@@ -171,7 +169,7 @@ func TestAStatusLineThatIsNotUTF8IsRecordedAndTheEventHeld(t *testing.T) {
 			completions(t, store, "raw", 1)
 			var posts atomic.Int32
 			url := rawStatusReceiver(t, status, &posts)
-			runDispatcher(t, delivery.DispatchConfig{MaxAttempts: 3, MaxBackoff: 100 * time.Millisecond}, url, store)
+			startDispatcher(t, delivery.DispatchConfig{MaxAttempts: 3, MaxBackoff: 100 * time.Millisecond}, url, store, &syncBuffer{})
 			testkit.WaitUntil(t, 15*time.Second, "the event held", func() (bool, any) {
 				h := heldEvents(t, store)
 				return len(h) == 1, posts.Load()

@@ -201,3 +201,17 @@ func checkOutage(t *testing.T, name string, answers []testkit.Answer, o outage) 
 	}
 	return seen
 }
+
+// atScheduled waits until at, a point on a fault's own schedule (a kill
+// 1.5 s into a stream of results, an operator's decision 2 s on): the
+// fault is placed in time, there is no condition to wait for.
+func atScheduled(at time.Time) { time.Sleep(time.Until(at)) }
+
+// every runs step, then again every period until it says it is done: a
+// balancer's health check, a sender's retries. The period is theirs, not
+// a wait for a condition.
+func every(period time.Duration, step func() (done bool)) {
+	for !step() {
+		time.Sleep(period)
+	}
+}

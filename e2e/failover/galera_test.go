@@ -37,7 +37,7 @@ func TestGaleraNodeKilledInTheMiddleOfAFanOut(t *testing.T) {
 	r := s.EnqueueRound(t, "GA", enrollments())
 	began := time.Now()
 	done := s.Stream(r.Results(), 4*time.Second, 32)
-	time.Sleep(time.Until(began.Add(1500 * time.Millisecond)))
+	atScheduled(began.Add(1500 * time.Millisecond))
 	ks := killing(g.Nodes[2].Kill)
 	killedAt := ks.done
 	answers := <-done
@@ -136,18 +136,18 @@ func TestGaleraTheAPIsNodeKilledInTheMiddleOfAFanOut(t *testing.T) {
 	r := s.EnqueueRound(t, "GK", enrollments())
 	began := time.Now()
 	done := s.Stream(r.Results(), 4*time.Second, 32)
-	time.Sleep(time.Until(began.Add(1500 * time.Millisecond)))
+	atScheduled(began.Add(1500 * time.Millisecond))
 	ks := killing(g.Nodes[0].Kill)
 	killedAt := ks.done
 	// the balancer's health check: a connect every 250 ms
-	for {
+	every(250*time.Millisecond, func() bool {
 		c, err := net.DialTimeout("tcp", node0, 250*time.Millisecond)
 		if err != nil {
-			break
+			return true
 		}
 		c.Close()
-		time.Sleep(250 * time.Millisecond)
-	}
+		return false
+	})
 	lb.Retarget(fmt.Sprintf("127.0.0.1:%d", g.Nodes[2].Port))
 	movedAt := time.Now()
 	answers := <-done
@@ -222,7 +222,7 @@ func wholeRestartRound(t *testing.T, s *testkit.Stack, name string, c interface 
 	r := s.EnqueueRound(t, "GW", enrollments())
 	began := time.Now()
 	done := s.Stream(r.Results(), 4*time.Second, 32)
-	time.Sleep(time.Until(began.Add(1500 * time.Millisecond)))
+	atScheduled(began.Add(1500 * time.Millisecond))
 	ks := killing(c.KillAll)
 	killedAt := ks.done
 	boot, err := c.RestartAll(within)
@@ -277,7 +277,7 @@ func TestGaleraNodeWithoutQuorum(t *testing.T) {
 	r := s.EnqueueRound(t, "GQ", enrollments())
 	began := time.Now()
 	done := s.Stream(r.Results(), 11*time.Second, 32)
-	time.Sleep(time.Until(began.Add(1500 * time.Millisecond)))
+	atScheduled(began.Add(1500 * time.Millisecond))
 	ks := killing(func() { g.Nodes[1].Kill(); g.Nodes[2].Kill() })
 	killedAt := ks.done
 	testkit.WaitUntil(t, 30*time.Second, "node 0 out of the primary component", func() (bool, any) {
@@ -291,7 +291,7 @@ func TestGaleraNodeWithoutQuorum(t *testing.T) {
 	})
 	notReadyAt := time.Now()
 	// the operator's decision, 2 s on: this node alone is the cluster now
-	time.Sleep(time.Until(nonPrimaryAt.Add(2 * time.Second)))
+	atScheduled(nonPrimaryAt.Add(2 * time.Second))
 	if _, err := g.Nodes[0].Admin.Exec("SET GLOBAL wsrep_provider_options = 'pc.bootstrap=YES'"); err != nil {
 		t.Fatal(err)
 	}
@@ -439,22 +439,19 @@ func silentNodeRound(t *testing.T, g *testha.Galera, name, prefix string, probe 
 	r := s.EnqueueRound(t, prefix, enrollments())
 	began := time.Now()
 	done := s.Stream(r.Results(), 4*time.Second, 32)
-	time.Sleep(time.Until(began.Add(1500 * time.Millisecond)))
+	atScheduled(began.Add(1500 * time.Millisecond))
 	var silenceErr error
 	ks := killing(func() { silenceErr = silence() })
 	if silenceErr != nil {
 		t.Fatal(silenceErr)
 	}
 	silencedAt := ks.done
-	for {
+	// the balancer's health check: a ping every 250 ms
+	every(250*time.Millisecond, func() bool {
 		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
-		err := probe.PingContext(ctx)
-		cancel()
-		if err != nil {
-			break
-		}
-		time.Sleep(250 * time.Millisecond)
-	}
+		defer cancel()
+		return probe.PingContext(ctx) != nil
+	})
 	lb.Move(g.Nodes[2].Addr())
 	movedAt := time.Now()
 	answers := <-done

@@ -63,7 +63,7 @@ func TestGroupReplicationPrimaryKilledInTheMiddleOfAFanOut(t *testing.T) {
 	r := s.EnqueueRound(t, "GR", enrollments())
 	began := time.Now()
 	done := s.Stream(r.Results(), 4*time.Second, 32)
-	time.Sleep(time.Until(began.Add(1500 * time.Millisecond)))
+	atScheduled(began.Add(1500 * time.Millisecond))
 	ks := killing(g.Members[0].Kill)
 	killedAt := ks.done
 	testkit.WaitUntil(t, 60*time.Second, "member 1 elected primary", func() (bool, any) {
@@ -137,7 +137,7 @@ func TestGroupReplicationPrimaryPartitionedAwayInTheMiddleOfAFanOut(t *testing.T
 	r := s.EnqueueRound(t, "GP", enrollments())
 	began := time.Now()
 	done := s.Stream(r.Results(), 4*time.Second, 32)
-	time.Sleep(time.Until(began.Add(1500 * time.Millisecond)))
+	atScheduled(began.Add(1500 * time.Millisecond))
 	var cutErr error
 	ks := killing(func() { cutErr = g.Members[0].Host().Cut() })
 	if cutErr != nil {

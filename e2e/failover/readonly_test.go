@@ -79,12 +79,12 @@ func readOnlyRound(t *testing.T, mdb *testha.SQLServer, rejectReadOnly bool) {
 	began := time.Now()
 	done := s.Stream(r.Results(), before+during+after, 32)
 	// the fault's own schedule, not a wait for a condition
-	time.Sleep(time.Until(began.Add(before)))
+	atScheduled(began.Add(before))
 	if err := mdb.SetReadOnly(true); err != nil {
 		t.Fatal(err)
 	}
 	onAt := time.Now()
-	time.Sleep(time.Until(onAt.Add(during)))
+	atScheduled(onAt.Add(during))
 	offIssued := time.Now()
 	if err := mdb.SetReadOnly(false); err != nil {
 		t.Fatal(err)
@@ -241,9 +241,9 @@ func compareWithDatabase(t *testing.T, s *testkit.Stack, name string, answers []
 func sendAgain(t *testing.T, s *testkit.Stack, name string, again []testkit.Result, from time.Time) int {
 	t.Helper()
 	rounds := 0
-	for len(again) > 0 && time.Since(from) < bound {
-		if rounds > 0 {
-			time.Sleep(100 * time.Millisecond)
+	every(100*time.Millisecond, func() bool {
+		if len(again) == 0 || time.Since(from) >= bound {
+			return true
 		}
 		rounds++
 		var still []testkit.Result
@@ -255,7 +255,8 @@ func sendAgain(t *testing.T, s *testkit.Stack, name string, again []testkit.Resu
 			}
 		}
 		again = still
-	}
+		return len(again) == 0
+	})
 	if len(again) > 0 {
 		t.Errorf("%s: %d results still not answered 200 %v after the fault ended", name, len(again), bound)
 	}

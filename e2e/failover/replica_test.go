@@ -61,7 +61,7 @@ func TestAsyncReplicaPromotedAfterThePrimaryDies(t *testing.T) {
 	r := s.EnqueueRound(t, "AR", enrollments())
 	began := time.Now()
 	done := s.Stream(r.Results(), 4*time.Second, 32)
-	time.Sleep(time.Until(began.Add(1500 * time.Millisecond)))
+	atScheduled(began.Add(1500 * time.Millisecond))
 	ks := killing(func() { rp.Primary.Kill(); rp.Link.Cut() })
 	killedAt := ks.done
 	received, err := rp.Promote(10 * time.Second)

@@ -49,10 +49,10 @@ func TestMySQLKilledAndRestarted(t *testing.T) {
 	began := time.Now()
 	done := s.Stream(results[:k], before+down+starting, 32)
 	// the fault's own schedule, not a wait for a condition
-	time.Sleep(time.Until(began.Add(before)))
+	atScheduled(began.Add(before))
 	ks := killing(srv.Kill)
 	killedAt := ks.done
-	time.Sleep(time.Until(killedAt.Add(down)))
+	atScheduled(killedAt.Add(down))
 	restartIssued := time.Now()
 	if err := srv.Restart(); err != nil {
 		t.Fatal(err)

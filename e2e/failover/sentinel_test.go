@@ -112,7 +112,7 @@ func failoverRound(t *testing.T, s *testkit.Stack, sen *testha.Sentinel, prefix 
 	began := time.Now()
 	done := s.Stream(r.Results(), total, 32)
 	// the fault's own schedule, not a wait for a condition
-	time.Sleep(time.Until(began.Add(before)))
+	atScheduled(began.Add(before))
 	faultAt := time.Now()
 	fault()
 	p, err := sen.AwaitPromotion(from.Addr(), 30*time.Second)

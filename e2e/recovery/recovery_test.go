@@ -199,6 +199,8 @@ type killed struct {
 // than any lease.
 func (s *stack) afterKill(t *testing.T) killed {
 	at := time.Now()
+	// lets the kill settle: no signal says when the server has rolled
+	// back what the dead process sent, or the receiver read its last POSTs
 	time.Sleep(200 * time.Millisecond)
 	arrived := s.Rcv.Arrived()
 	rows, err := s.DB.Query(`SELECT event_id, attempts > 0 AND retry_at IS NULL,
@@ -421,7 +423,7 @@ func (s *stack) run(t *testing.T, f fault) {
 		t.Fatalf("%v of fault and %v of bound do not fit between two sweeps", f.during, bound)
 	}
 	faultStart := time.Now().Add(f.before).Truncate(sweepInterval).Add(sweepInterval + 500*time.Millisecond)
-	time.Sleep(time.Until(faultStart.Add(-f.before))) // placing the fault, not waiting for a condition
+	atScheduled(faultStart.Add(-f.before)) // placing the fault, not waiting for a condition
 
 	began := time.Now()
 	// enrollment i answers its own command, then the shared one a moment
@@ -429,10 +431,10 @@ func (s *stack) run(t *testing.T, f fault) {
 	done := s.Stream(r.Results(), f.before+f.during+f.after, 32)
 
 	// the fault's own schedule
-	time.Sleep(time.Until(began.Add(f.before)))
+	atScheduled(began.Add(f.before))
 	faultAt := time.Now()
 	f.begin()
-	time.Sleep(time.Until(faultAt.Add(f.during)))
+	atScheduled(faultAt.Add(f.during))
 	f.end()
 	ended := time.Now()
 	rel := func(at time.Time) string {
@@ -467,16 +469,17 @@ func (s *stack) run(t *testing.T, f fault) {
 	// enrollment done; a 503 that persists after the fault ended is retried
 	// until the deadline (the loop is the sender's retry, not a wait)
 	rounds := 0
-	for len(again) > 0 && time.Now().Before(s.Deadline(ended)) {
-		if rounds > 0 {
-			time.Sleep(100 * time.Millisecond)
+	every(100*time.Millisecond, func() bool {
+		if len(again) == 0 || !time.Now().Before(s.Deadline(ended)) {
+			return true
 		}
 		rounds++
 		testkit.ForEach(len(again), 32, func(k int) { ta.add(s.Send(again[k])) })
 		ta.mu.Lock()
 		again, ta.again = ta.again, nil
 		ta.mu.Unlock()
-	}
+		return len(again) == 0
+	})
 	ta.mu.Lock()
 	ok, unavailable, other, lastOK := ta.ok, ta.unavailable, ta.other, ta.lastOK
 	slowest := fmt.Sprintf("slowest 200 %v", ta.slowest[http.StatusOK].Round(time.Millisecond))
@@ -559,5 +562,19 @@ func (s *stack) explain(t *testing.T, ended time.Time) {
 		}
 		t.Logf("  queue %s: pending %d, active %d, scheduled %d, retry %d, archived %d, completed %d; processed today %d, failed today %d",
 			q, qi.Pending, qi.Active, qi.Scheduled, qi.Retry, qi.Archived, qi.Completed, qi.Processed, qi.Failed)
+	}
+}
+
+// atScheduled waits until at, a point on a fault's own schedule (a kill
+// 1.5 s into a stream of results, an operator's decision 2 s on): the
+// fault is placed in time, there is no condition to wait for.
+func atScheduled(at time.Time) { time.Sleep(time.Until(at)) }
+
+// every runs step, then again every period until it says it is done: a
+// balancer's health check, a sender's retries. The period is theirs, not
+// a wait for a condition.
+func every(period time.Duration, step func() (done bool)) {
+	for !step() {
+		time.Sleep(period)
 	}
 }

@@ -57,9 +57,13 @@ func TestReceiverCompletions(t *testing.T) {
 		t.Error("AwaitCompletions(2) after 2 arrived: false")
 	}
 
-	// one more arrives while waiting for it
+	// one more arrives while waiting for it: once the wait below waits
 	go func() {
-		time.Sleep(50 * time.Millisecond)
+		Watch(time.Now().Add(15*time.Second), func() bool {
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			return r.doneNews != nil
+		})
 		post(t, r, completion(1, "C"))
 	}()
 	if !r.AwaitCompletions(3, time.Minute, time.Minute) {

@@ -137,6 +137,13 @@ func (p *StallProbe) Stalled(from, to time.Time) time.Duration {
 	return d
 }
 
+// Writes is how many of the probe's writes have gone through.
+func (p *StallProbe) Writes() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.writes
+}
+
 // String sums up what the probe saw.
 func (p *StallProbe) String() string {
 	if p == nil {

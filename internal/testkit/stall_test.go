@@ -17,7 +17,11 @@ func TestTheStallProbeCountsWhatHeldItsWritesAndNothingElse(t *testing.T) {
 	p := testkit.StartStallProbe(t, db.DB)
 
 	began := time.Now()
-	time.Sleep(time.Second) // writes going through, for the quiet window
+	// the quiet window: ten writes through, about a second of them
+	testkit.WaitUntil(t, 15*time.Second, "ten probe writes through (writes)", func() (bool, any) {
+		n := p.Writes()
+		return n >= 10, n
+	})
 	quiet := time.Now()
 	if d := p.Stalled(began, quiet); d != 0 {
 		t.Fatalf("stalled %v while nothing held the probe (%s), want 0", d, p)
@@ -33,7 +37,7 @@ func TestTheStallProbeCountsWhatHeldItsWritesAndNothingElse(t *testing.T) {
 		t.Fatal(err)
 	}
 	held := time.Now()
-	time.Sleep(hold)
+	time.Sleep(hold) // the fault itself: the probe's write held this long
 	// a write under way counts as it goes: look while it is still held
 	if d := p.Stalled(held, time.Now()); d < hold/2 {
 		t.Errorf("stalled %v during a hold of %v, while it lasts (%s), want the write under way counted", d, hold, p)
@@ -42,7 +46,12 @@ func TestTheStallProbeCountsWhatHeldItsWritesAndNothingElse(t *testing.T) {
 		t.Fatal(err)
 	}
 	released := time.Now()
-	time.Sleep(500 * time.Millisecond) // the held write goes through
+	writes := p.Writes()
+	// the held write goes through, and a few after it
+	testkit.WaitUntil(t, 15*time.Second, "the held write and four more through (writes since the release)", func() (bool, any) {
+		n := p.Writes() - writes
+		return n >= 5, n
+	})
 	after := time.Now()
 
 	d := p.Stalled(began, after)

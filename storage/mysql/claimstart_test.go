@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stepcollect/stepcollect/internal/testkit"
 	"github.com/stepcollect/stepcollect/storage"
 	"github.com/stepcollect/stepcollect/storage/mysql"
 )
@@ -107,7 +108,7 @@ func TestClaimsThatNeverCatchUpStillReadFromTheStartEverySoOften(t *testing.T) {
 	const every = 300 * time.Millisecond
 	b := claimsSetup(t, every)
 	var rest []string
-	for i := range 20 {
+	for i := range 40 { // more than the claims in every, a claim each 20 ms
 		rest = append(rest, fmt.Sprintf("e%02d", i))
 	}
 	late, commit := lateEvent(t, b, rest...)
@@ -116,20 +117,15 @@ func TestClaimsThatNeverCatchUpStillReadFromTheStartEverySoOften(t *testing.T) {
 		t.Fatalf("first claim %v, want [e00] (the open one skipped)", got)
 	}
 	commit()
-	deadline := time.Now().Add(15 * time.Second)
-	for n := 0; ; n++ {
+	n := 0
+	testkit.WaitUntil(t, 15*time.Second, "the late event claimed, one event a claim (claims)", func() (bool, any) {
 		got := claimIDs(t, b.store, 1)
 		if len(got) != 1 {
 			t.Fatalf("claim %d returned %v: the claims caught up before the late event came", n, got)
 		}
-		if got[0] == late {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the late event not claimed within 15 s of claims every %v", every/4)
-		}
-		time.Sleep(every / 4)
-	}
+		n++
+		return got[0] == late, n
+	})
 }
 
 // A lapsed lease below the last row claimed is claimed again: the claim
@@ -152,7 +148,10 @@ func TestALapsedLeaseBehindTheLastClaimIsClaimedAgain(t *testing.T) {
 	if got := claimIDs(t, b.store, 2); !slices.Equal(got, []string{"b", "c"}) {
 		t.Fatalf("second claim %v, want [b c]", got)
 	}
-	time.Sleep(2 * time.Second) // a's lease lapses
+	testkit.WaitUntil(t, 15*time.Second, "a's lease lapsed by the clock claims use (leases left)", func() (bool, any) {
+		n := testkit.Count(t, b.db.DB, `SELECT COUNT(*) FROM stepcollect_outbox WHERE event_id = 'a' AND lease_until > ?`, time.Now())
+		return n == 0, n
+	})
 	var got []*storage.OutboxEvent
 	for range 2 { // the first may still read after c; the one after a short claim reads from the start
 		if got, err = b.store.ClaimDueEvents(ctx, 2, time.Minute); err != nil {
@@ -211,6 +210,7 @@ func TestOutOfOrderCommitsUnderConcurrentClaimsAreAllClaimedOnce(t *testing.T) {
 	b := claimsSetup(t, time.Hour)
 	ctx := t.Context()
 	const writers, each = 8, 100
+	committed := make(chan struct{}, 1) // a writer committed since a claimer last looked
 	var wg sync.WaitGroup
 	for w := range writers {
 		wg.Add(1)
@@ -233,9 +233,15 @@ func TestOutOfOrderCommitsUnderConcurrentClaimsAreAllClaimedOnce(t *testing.T) {
 					t.Error(err)
 					return
 				}
+				select {
+				case committed <- struct{}{}:
+				default:
+				}
 			}
 		}()
 	}
+	written := make(chan struct{})
+	go func() { wg.Wait(); close(written) }()
 	var mu sync.Mutex
 	seen := map[string]int{}
 	deadline := time.Now().Add(15 * time.Second)
@@ -267,8 +273,13 @@ func TestOutOfOrderCommitsUnderConcurrentClaimsAreAllClaimedOnce(t *testing.T) {
 				if done {
 					return
 				}
-				if len(evs) < 8 {
-					time.Sleep(5 * time.Millisecond)
+				if len(evs) < 8 { // short: claim again once a writer commits more
+					select {
+					case <-committed:
+					case <-written:
+					case <-ctx.Done():
+						return
+					}
 				}
 			}
 		}()

@@ -75,7 +75,10 @@ func TestACompletionsReceiptIsWrittenAndPrunedByAge(t *testing.T) {
 	if n, err := b.store.PruneReceipts(ctx, time.Hour); err != nil || n != 0 || receipts() != 3 {
 		t.Fatalf("pruning receipts older than an hour: %d, %v, %d left; want none pruned", n, err, receipts())
 	}
-	time.Sleep(10 * time.Millisecond)
+	testkit.WaitUntil(t, 15*time.Second, "the receipts 5 ms old by the server's clock (older)", func() (bool, any) {
+		n := testkit.Count(t, b.db.DB, `SELECT COUNT(*) FROM stepcollect_receipts WHERE created_at < NOW(6) - INTERVAL 5000 MICROSECOND`)
+		return n == 3, n
+	})
 	if n, err := b.store.PruneReceipts(ctx, 5*time.Millisecond); err != nil || n != 3 || receipts() != 0 {
 		t.Fatalf("pruning receipts older than 5 ms: %d, %v, %d left; want all 3 pruned", n, err, receipts())
 	}

@@ -35,9 +35,15 @@ func TestStepCacheEvictsTheLeastRecentlyUsedAndHandsOutCopies(t *testing.T) {
 
 func TestStepCacheEntriesExpire(t *testing.T) {
 	t.Parallel()
-	c := newStepCache(10, time.Millisecond)
+	c := newStepCache(10, time.Minute)
 	c.put(1, nanostorage.StepContext{WorkflowName: "one"})
-	time.Sleep(5 * time.Millisecond)
+	if _, ok := c.get(1); !ok {
+		t.Fatal("an entry within its TTL not returned")
+	}
+	// the entry ages past its TTL
+	c.mu.Lock()
+	c.entries[1].Value.(*stepEntry).at = time.Now().Add(-2 * time.Minute)
+	c.mu.Unlock()
 	if _, ok := c.get(1); ok {
 		t.Error("expired entry returned")
 	}
