@@ -40,8 +40,9 @@ type APIConfig struct {
 	MaxBodyBytes        int64
 	LogLevel            string
 	LogFormat           string
-	// MySQLMaxConns bounds the pool (default 64).
-	MySQLMaxConns int
+	// MySQLPool is the connection pool (zero value: 64 connections, none
+	// closed for age or idleness; the flags' defaults are DefaultPool's).
+	MySQLPool stepmysql.Pool
 	// MySQLTryTimeout bounds each try of a transaction (-mysql-try-timeout;
 	// 0 is the default, 10 s; negative is no bound).
 	MySQLTryTimeout time.Duration
@@ -126,7 +127,7 @@ func ParseAPIConfig(args []string, getenv func(string) string) (APIConfig, *conf
 		MySQLDSN: *common.dsn, RedisURL: *common.redis, Migrate: *common.migrate, Listen: *listen, MetricsListen: *metricsListen, DumpWebhook: *dumpWebhook, APIKey: *apiKey,
 		WebhookHMACKey: *hmacKey, MaxBodyBytes: int64(*maxBody), MaxInflightBodyBytes: int64(*inflight),
 		MaxStepIDs: *stepIDs, MaxStepCommands: *stepCommands, MaxStepRows: *stepRows, DefaultStepTimeout: *stepTimeout,
-		LogLevel: *common.level, LogFormat: *common.format, MySQLMaxConns: *common.maxConns, MySQLTryTimeout: common.tryTimeoutConfig(),
+		LogLevel: *common.level, LogFormat: *common.format, MySQLPool: common.pool(), MySQLTryTimeout: common.tryTimeoutConfig(),
 		MySQLMaxActiveResults: *maxActive, WorkerMetricsListen: workerMetrics,
 	}, s, nil
 }
@@ -191,7 +192,7 @@ func NewAPI(ctx context.Context, cfg APIConfig, logger zerolog.Logger) (_ *API, 
 			WriteTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute}
 		go func() { a.errc <- a.metricsHTTP.Serve(a.metricsLn) }()
 	}
-	d, err := openDeps(ctx, cfg.RedisURL, cfg.MySQLDSN, cfg.MySQLMaxConns, cfg.MySQLTryTimeout, cfg.MySQLMaxActiveResults, cfg.Migrate, true, logger,
+	d, err := openDeps(ctx, cfg.RedisURL, cfg.MySQLDSN, cfg.MySQLPool, cfg.MySQLTryTimeout, cfg.MySQLMaxActiveResults, cfg.Migrate, true, logger,
 		func(why string) { gate.wait(why); metricsGate.wait(why) })
 	if err != nil {
 		a.http.Close()

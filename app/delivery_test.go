@@ -14,6 +14,7 @@ import (
 	"github.com/stepcollect/stepcollect/app"
 	"github.com/stepcollect/stepcollect/events"
 	"github.com/stepcollect/stepcollect/internal/testkit"
+	stepmysql "github.com/stepcollect/stepcollect/storage/mysql"
 )
 
 var callbackKey = []byte("callback-signing-key")
@@ -38,7 +39,7 @@ func startService(t *testing.T, callbackURL string, mod func(*app.WorkerConfig))
 	wcfg := app.WorkerConfig{
 		MySQLDSN: s.db.DSN, RedisURL: s.redis.URL, Migrate: true, MetricsListen: "127.0.0.1:0", Concurrency: 8,
 		SweepInterval: time.Second, ScheduleInterval: time.Second, CallbackURL: callbackURL, CallbackHMACKey: string(callbackKey),
-		ShutdownTimeout: 2 * time.Second, MySQLMaxConns: 16,
+		ShutdownTimeout: 2 * time.Second, MySQLPool: stepmysql.Pool{MaxConns: 16},
 	}
 	if mod != nil {
 		mod(&wcfg)
@@ -49,7 +50,7 @@ func startService(t *testing.T, callbackURL string, mod func(*app.WorkerConfig))
 	}
 	a, err := app.NewAPI(ctx, app.APIConfig{
 		MySQLDSN: s.db.DSN, RedisURL: s.redis.URL, Migrate: true, Listen: "127.0.0.1:0", APIKey: "k",
-		MaxBodyBytes: 1 << 20, MySQLMaxConns: 32,
+		MaxBodyBytes: 1 << 20, MySQLPool: stepmysql.Pool{MaxConns: 32},
 	}, logger)
 	if err != nil {
 		t.Fatal(err)

@@ -29,6 +29,7 @@ type commonFlags struct {
 	dsn, redis, level, format *string
 	migrate                   *bool
 	maxConns                  *int
+	connLifetime, connIdle    *time.Duration
 	tryTimeout                *time.Duration
 }
 
@@ -41,12 +42,21 @@ func (f *commonFlags) tryTimeoutConfig() time.Duration {
 	return *f.tryTimeout
 }
 
+// pool is the connection pool the flags ask for.
+func (f *commonFlags) pool() stepmysql.Pool {
+	return stepmysql.Pool{MaxConns: *f.maxConns, MaxLifetime: *f.connLifetime, MaxIdleTime: *f.connIdle}
+}
+
 func addCommonFlags(s *config.Set) *commonFlags {
 	f := &commonFlags{
 		dsn:      s.DSN("mysql-dsn", "STEPCOLLECT_MYSQL_DSN", config.DefaultMySQLDSN, "MySQL/MariaDB DSN (go-sql-driver form)"),
 		redis:    s.URL("redis-url", "STEPCOLLECT_REDIS_URL", config.DefaultRedisURL, "Redis URL: redis://, rediss:// or redis-sentinel://"),
 		migrate:  s.Bool("migrate", "STEPCOLLECT_MIGRATE", true, "apply the embedded schema migrations at start"),
-		maxConns: s.Int("mysql-max-conns", "STEPCOLLECT_MYSQL_MAX_CONNS", 64, "most MySQL connections this process opens (every replica's count adds up against max_connections)"),
+		maxConns: s.Int("mysql-max-conns", "STEPCOLLECT_MYSQL_MAX_CONNS", stepmysql.DefaultPoolSize, "most MySQL connections this process opens (every replica's count adds up against max_connections)"),
+		connLifetime: s.Duration("mysql-conn-max-lifetime", "STEPCOLLECT_MYSQL_CONN_MAX_LIFETIME", stepmysql.DefaultConnMaxLifetime,
+			"close a MySQL connection this long after it was opened, so a failover or a proxy's rebalancing reaches it; 0: never"),
+		connIdle: s.Duration("mysql-conn-max-idle-time", "STEPCOLLECT_MYSQL_CONN_MAX_IDLE_TIME", stepmysql.DefaultConnMaxIdleTime,
+			"give an idle MySQL connection back to the server after this long; 0: never"),
 		tryTimeout: s.Duration("mysql-try-timeout", "STEPCOLLECT_MYSQL_TRY_TIMEOUT", stepmysql.DefaultAttemptTimeout,
 			"longest one try of a transaction (or one statement outside one; storing a step: between two of its statements) may take before its connection is closed and it is tried again on a fresh one; 0 for no bound"),
 		level:  s.String("log-level", "STEPCOLLECT_LOG_LEVEL", "info", "debug, info, warn or error"),
@@ -60,6 +70,14 @@ func addCommonFlags(s *config.Set) *commonFlags {
 	s.Check(func() error {
 		if *f.maxConns < 2 {
 			return fmt.Errorf("-mysql-max-conns: %d is less than 2", *f.maxConns)
+		}
+		return nil
+	})
+	s.Check(func() error {
+		for name, d := range map[string]time.Duration{"mysql-conn-max-lifetime": *f.connLifetime, "mysql-conn-max-idle-time": *f.connIdle} {
+			if d < 0 {
+				return fmt.Errorf("-%s: %v is negative (0 for never)", name, d)
+			}
 		}
 		return nil
 	})
@@ -94,7 +112,7 @@ type deps struct {
 // tryTimeout bounds each try (stepmysql.WithAttemptTimeout): 0 is the
 // default, negative no bound. maxActiveResults bounds the results in a
 // transaction at once (stepmysql.WithMaxActiveResults): 0 is the default.
-func openDeps(ctx context.Context, redisURL, dsn string, maxConns int, tryTimeout time.Duration, maxActiveResults int, migrate, collectViaQueue bool, logger zerolog.Logger, report func(string)) (*deps, error) {
+func openDeps(ctx context.Context, redisURL, dsn string, pool stepmysql.Pool, tryTimeout time.Duration, maxActiveResults int, migrate, collectViaQueue bool, logger zerolog.Logger, report func(string)) (*deps, error) {
 	redisOpt, err := asynq.ParseRedisURI(redisURL)
 	if err != nil {
 		return nil, fmt.Errorf("-redis-url: %w", config.RedactError(err, redisURL))
@@ -115,7 +133,7 @@ func openDeps(ctx context.Context, redisURL, dsn string, maxConns int, tryTimeou
 			d.enq, logger.With().Str("component", "handoff").Logger())
 		opts = append(opts, stepmysql.WithReleaseSink(d.handoff))
 	}
-	if d.db, d.store, err = openStorage(ctx, dsn, maxConns, migrate, logger, report, opts...); err != nil {
+	if d.db, d.store, err = openStorage(ctx, dsn, pool, migrate, logger, report, opts...); err != nil {
 		d.enq.Close()
 		return nil, config.RedactError(err, dsn, redisURL)
 	}
@@ -158,22 +176,13 @@ func (r redisLogger) Printf(_ context.Context, format string, v ...any) {
 // openStorage opens the pool, waits for MySQL to answer (waitForMySQL,
 // each reason to wait going to report), migrates if asked, and returns
 // the storage.
-func openStorage(ctx context.Context, dsn string, maxConns int, migrate bool, logger zerolog.Logger, report func(string), opts ...stepmysql.Option) (*sql.DB, *stepmysql.Storage, error) {
+func openStorage(ctx context.Context, dsn string, pool stepmysql.Pool, migrate bool, logger zerolog.Logger, report func(string), opts ...stepmysql.Option) (*sql.DB, *stepmysql.Storage, error) {
 	mysql.SetLogger(mysqlLogger{logger.With().Str("component", "mysql").Logger(), dsn})
 	db, err := stepmysql.OpenDB(dsn)
 	if err != nil {
 		return nil, nil, fmt.Errorf("-mysql-dsn: %w", err)
 	}
-	if maxConns <= 0 {
-		maxConns = 64
-	}
-	db.SetMaxOpenConns(maxConns)
-	db.SetMaxIdleConns(maxConns)
-	db.SetConnMaxLifetime(time.Hour)
-	// a burst opens up to maxConns; once it is over they are given back to
-	// the server (whose max_connections every replica and other client
-	// share) instead of being held idle for the hour
-	db.SetConnMaxIdleTime(time.Minute)
+	pool.Apply(db)
 	if err := waitForMySQL(ctx, db, dsn, migrate, logger, report); err != nil {
 		db.Close()
 		return nil, nil, fmt.Errorf("mysql (-mysql-dsn): %w", err)

@@ -16,6 +16,7 @@ import (
 	"github.com/stepcollect/stepcollect/app"
 	"github.com/stepcollect/stepcollect/internal/testkit"
 	"github.com/stepcollect/stepcollect/internal/testkit/scrape"
+	stepmysql "github.com/stepcollect/stepcollect/storage/mysql"
 )
 
 func TestRePushFlagsTakeTheEnvironmentAndDefaultToNanoCMDs(t *testing.T) {
@@ -108,7 +109,7 @@ func TestTheWorkerRePushesUnansweredEnrollmentsThroughThePushAPI(t *testing.T) {
 
 	cfg := app.WorkerConfig{
 		MySQLDSN: b.db.DSN, RedisURL: b.redis.URL, Migrate: true, MetricsListen: "127.0.0.1:0", Concurrency: 4,
-		ScheduleInterval: time.Second, ShutdownTimeout: 2 * time.Second, MySQLMaxConns: 16,
+		ScheduleInterval: time.Second, ShutdownTimeout: 2 * time.Second, MySQLPool: stepmysql.Pool{MaxConns: 16},
 		PushURL: api.URL + "/v1/push", PushAPIKey: "push-key", RePushInterval: 24 * time.Hour,
 	}
 	ctx, cancel := context.WithCancel(context.Background())

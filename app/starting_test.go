@@ -11,6 +11,7 @@ import (
 
 	"github.com/stepcollect/stepcollect/app"
 	"github.com/stepcollect/stepcollect/internal/testkit"
+	stepmysql "github.com/stepcollect/stepcollect/storage/mysql"
 )
 
 // What no wait mends stops the process at start with MySQL's own words:
@@ -26,7 +27,7 @@ func TestAPIRefusedByMySQLStopsAtStartNamingWhy(t *testing.T) {
 	defer cancel()
 	began := time.Now()
 	_, err = app.NewAPI(ctx, app.APIConfig{MySQLDSN: cfg.FormatDSN(), RedisURL: "redis://127.0.0.1:1", Migrate: true, Listen: "127.0.0.1:0",
-		MaxBodyBytes: 1 << 20, MySQLMaxConns: 4}, zerolog.Nop())
+		MaxBodyBytes: 1 << 20, MySQLPool: stepmysql.Pool{MaxConns: 4}}, zerolog.Nop())
 	if err == nil || !strings.Contains(err.Error(), "Access denied") || strings.Contains(err.Error(), "wrong") {
 		t.Fatalf("NewAPI with a refused password: %v, want MySQL's Access denied, the password redacted", err)
 	}
@@ -44,7 +45,7 @@ func TestWorkerToldToStopWhileWaitingForMySQLReturns(t *testing.T) {
 	logs := &testkit.LogBuffer{}
 	go func() {
 		_, err := app.NewWorker(ctx, app.WorkerConfig{MySQLDSN: "root@tcp(" + addr + ")/nothing", RedisURL: "redis://127.0.0.1:1",
-			Migrate: true, MetricsListen: "127.0.0.1:0", Concurrency: 1, ShutdownTimeout: time.Second, MySQLMaxConns: 4}, zerolog.New(logs))
+			Migrate: true, MetricsListen: "127.0.0.1:0", Concurrency: 1, ShutdownTimeout: time.Second, MySQLPool: stepmysql.Pool{MaxConns: 4}}, zerolog.New(logs))
 		errc <- err
 	}()
 	testkit.WaitUntil(t, 15*time.Second, "the worker waiting for MySQL (its log)", func() (bool, any) {

@@ -40,8 +40,9 @@ type WorkerConfig struct {
 	LogFormat        string
 	// ShutdownTimeout is how long in-flight tasks get to finish on stop.
 	ShutdownTimeout time.Duration
-	// MySQLMaxConns bounds the pool (default 64).
-	MySQLMaxConns int
+	// MySQLPool is the connection pool (zero value: 64 connections, none
+	// closed for age or idleness; the flags' defaults are DefaultPool's).
+	MySQLPool stepmysql.Pool
 	// MySQLTryTimeout bounds each try of a transaction (-mysql-try-timeout;
 	// 0 is the default, 10 s; negative is no bound).
 	MySQLTryTimeout time.Duration
@@ -106,7 +107,7 @@ func ParseWorkerConfig(args []string, getenv func(string) string) (WorkerConfig,
 	return WorkerConfig{
 		MySQLDSN: *common.dsn, RedisURL: *common.redis, Migrate: *common.migrate, MetricsListen: *listen,
 		Concurrency: *conc, SweepInterval: *sweep, ScheduleInterval: *schedule, CallbackURL: *callback,
-		CallbackHMACKey: *callbackKey, LogLevel: *common.level, LogFormat: *common.format, MySQLMaxConns: *common.maxConns, MySQLTryTimeout: common.tryTimeoutConfig(),
+		CallbackHMACKey: *callbackKey, LogLevel: *common.level, LogFormat: *common.format, MySQLPool: common.pool(), MySQLTryTimeout: common.tryTimeoutConfig(),
 		ShutdownTimeout: 8 * time.Second, MaxDeliveryAttempts: *maxAttempts, MaxDeliveryAge: *maxAge,
 		MaxDeliveryInflight: *inflight, PushURL: *pushURL, PushAPIKey: *pushKey, RePushInterval: *repush,
 	}, s, nil
@@ -146,7 +147,7 @@ func NewWorker(ctx context.Context, cfg WorkerConfig, logger zerolog.Logger) (*W
 		http: &http.Server{Handler: gate, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
 			WriteTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute}}
 	go func() { w.httpErr <- w.http.Serve(ln) }()
-	d, err := openDeps(ctx, cfg.RedisURL, cfg.MySQLDSN, cfg.MySQLMaxConns, cfg.MySQLTryTimeout, 0, cfg.Migrate, false, logger, gate.wait)
+	d, err := openDeps(ctx, cfg.RedisURL, cfg.MySQLDSN, cfg.MySQLPool, cfg.MySQLTryTimeout, 0, cfg.Migrate, false, logger, gate.wait)
 	if err != nil {
 		w.http.Close()
 		return nil, err

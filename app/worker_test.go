@@ -55,7 +55,7 @@ func startWorker(t *testing.T, b *workerBundle, sweep time.Duration) string {
 	t.Helper()
 	cfg := app.WorkerConfig{
 		MySQLDSN: b.db.DSN, RedisURL: b.redis.URL, Migrate: true, MetricsListen: "127.0.0.1:0",
-		Concurrency: 8, SweepInterval: sweep, ShutdownTimeout: 2 * time.Second, MySQLMaxConns: 16,
+		Concurrency: 8, SweepInterval: sweep, ShutdownTimeout: 2 * time.Second, MySQLPool: stepmysql.Pool{MaxConns: 16},
 	}
 	logger := zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel)
 	ctx, cancel := context.WithCancel(context.Background())

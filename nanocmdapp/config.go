@@ -17,6 +17,7 @@ import (
 	"github.com/micromdm/nanolib/envflag"
 
 	"github.com/stepcollect/stepcollect/internal/config"
+	stepmysql "github.com/stepcollect/stepcollect/storage/mysql"
 )
 
 // EnvPrefix is NanoCMD's: every flag -x-y has the fallback NANOCMD_X_Y.
@@ -46,6 +47,10 @@ type Config struct {
 	SweepInterval  uint   // seconds between sweeps for uncollected steps (-storage mysql); 0 disables
 	RedisURL       string // with -storage mysql: released steps handed to cmd/worker's queue, not collected here
 	MaxURLBytes    int    // longest enqueue or push URL; a fan-out is split into steps whose ids fit one
+	// with -storage mysql: the pool, as every stepcollect binary takes it
+	MySQLMaxConns        int
+	MySQLConnMaxLifetime time.Duration
+	MySQLConnMaxIdleTime time.Duration
 }
 
 // FlagSet defines cfg's flags on a new flag set named name. Its -h output
@@ -71,6 +76,9 @@ func FlagSet(name string, cfg *Config) *flag.FlagSet {
 	fs.StringVar(&cfg.WebhookHMACKey, "webhook-hmac-key", "", "NanoMDM's -webhook-hmac-key: webhook bodies must carry its X-Hmac-Signature (none: not checked)")
 	fs.UintVar(&cfg.SweepInterval, "sweep-interval", 30, "with -storage mysql: seconds between sweeps for steps left uncollected; 0 disables")
 	fs.StringVar(&cfg.RedisURL, "redis-url", "", "with -storage mysql: hand released steps to stepcollect's worker through this Redis (redis://, rediss:// or redis-sentinel://) instead of collecting them here; the worker sweeps")
+	fs.IntVar(&cfg.MySQLMaxConns, "mysql-max-conns", stepmysql.DefaultPoolSize, "with -storage mysql: most MySQL connections this process opens (every replica's count adds up against max_connections)")
+	fs.DurationVar(&cfg.MySQLConnMaxLifetime, "mysql-conn-max-lifetime", stepmysql.DefaultConnMaxLifetime, "with -storage mysql: close a MySQL connection this long after it was opened, so a failover or a proxy's rebalancing reaches it; 0: never")
+	fs.DurationVar(&cfg.MySQLConnMaxIdleTime, "mysql-conn-max-idle-time", stepmysql.DefaultConnMaxIdleTime, "with -storage mysql: give an idle MySQL connection back to the server after this long; 0: never")
 	fs.IntVar(&cfg.MaxURLBytes, "enqueue-max-url-bytes", DefaultMaxURLBytes, "longest enqueue or push URL sent to the MDM server: a workflow started for more ids runs as several steps, each command enqueued once to as many ids as fit")
 	return fs
 }
@@ -99,6 +107,12 @@ func Parse(name string, args, environ []string, out io.Writer) (*Config, error) 
 func check(fs *flag.FlagSet, cfg *Config) error {
 	if fs.NArg() > 0 {
 		return errors.New("unexpected arguments: " + fs.Arg(0))
+	}
+	if cfg.MySQLMaxConns < 2 {
+		return fmt.Errorf("-mysql-max-conns: %d is less than 2", cfg.MySQLMaxConns)
+	}
+	if cfg.MySQLConnMaxLifetime < 0 || cfg.MySQLConnMaxIdleTime < 0 {
+		return errors.New("-mysql-conn-max-lifetime, -mysql-conn-max-idle-time: negative (0 for never)")
 	}
 	if cfg.MaxURLBytes < 256 {
 		return fmt.Errorf("-enqueue-max-url-bytes: %d is under 256, too short for an id after the URL", cfg.MaxURLBytes)

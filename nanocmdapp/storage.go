@@ -11,7 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
-	"runtime"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -63,11 +62,10 @@ type storageConfig struct {
 	ready []httpapi.Check
 }
 
-// PoolSize is the MySQL pool of -storage mysql, open and idle alike, so
-// that connections are opened once and kept, not one per webhook:
-// database/sql keeps only two idle by default, and a burst of results
-// churned a new connection for most of them.
-func PoolSize() int { return max(32, 8*runtime.GOMAXPROCS(0)) }
+// Pool is the MySQL pool of -storage mysql cfg asks for.
+func (cfg *Config) Pool() stepmysql.Pool {
+	return stepmysql.Pool{MaxConns: cfg.MySQLMaxConns, MaxLifetime: cfg.MySQLConnMaxLifetime, MaxIdleTime: cfg.MySQLConnMaxIdleTime}
+}
 
 // parseStorage opens cfg's storage; with -storage mysql its metrics go on reg.
 func parseStorage(ctx context.Context, cfg *Config, zl zerolog.Logger, reg prometheus.Registerer) (*storageConfig, error) {
@@ -138,9 +136,7 @@ func mysqlStorage(ctx context.Context, cfg *Config, zl zerolog.Logger, reg prome
 			db.Close()
 		}
 	}()
-	db.SetMaxOpenConns(PoolSize())
-	db.SetMaxIdleConns(PoolSize())
-	db.SetConnMaxIdleTime(5 * time.Minute)
+	cfg.Pool().Apply(db)
 	startCtx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	if err := stepmysql.Migrate(startCtx, db); err != nil {

@@ -51,7 +51,7 @@ func startClusterOn(t *testing.T, db *testkit.DB, mdm *fakeNanoMDM, n int, extra
 		c.args = append(c.args, args)
 		// all started at once, as replicas of one deployment are: on an
 		// empty database they race to create its tables and its keypair
-		c.procs = append(c.procs, testkit.StartProc(t, c.bin, nil, args...))
+		c.procs = append(c.procs, testkit.StartProc(t, c.bin, nanocmdEnv, args...))
 		targets = append(targets, &url.URL{Scheme: "http", Host: addr})
 	}
 	for i, p := range c.procs {
@@ -73,7 +73,7 @@ func startClusterOn(t *testing.T, db *testkit.DB, mdm *fakeNanoMDM, n int, extra
 func (c *cluster) startReplica(t *testing.T, i int) {
 	t.Helper()
 	// killed when the cluster's test ends, not a subtest that restarted it
-	c.procs[i] = testkit.StartProc(c.t, c.bin, nil, c.args[i]...)
+	c.procs[i] = testkit.StartProc(c.t, c.bin, nanocmdEnv, c.args[i]...)
 	testkit.AwaitHTTP(t, c.procs[i], "http://"+c.args[i][1]+"/version", 60*time.Second)
 }
 

@@ -32,6 +32,10 @@ const (
 	inventory  = "io.micromdm.wf.inventory.v1"
 )
 
+// nanocmdEnv is every nanocmd's environment in these tests: the services'
+// test pool, as the tests share one server's max_connections.
+var nanocmdEnv = []string{fmt.Sprintf("NANOCMD_MYSQL_MAX_CONNS=%d", testkit.ServicePoolSize)}
+
 type server struct {
 	proc *testkit.Proc
 	base string
@@ -52,7 +56,7 @@ func start(t *testing.T, extra ...string) *server {
 	addr := testkit.FreeAddr(t)
 	args := append([]string{"-listen", addr, "-api", apiKey, "-enqueue-url", mdm.URL + "/v1/enqueue/", "-push-url", mdm.URL + "/v1/push/",
 		"-enqueue-api", enqueueKey, "-webhook-hmac-key", hmacKey}, extra...)
-	p := testkit.StartProc(t, bins["nanocmd"], nil, args...)
+	p := testkit.StartProc(t, bins["nanocmd"], nanocmdEnv, args...)
 	testkit.AwaitHTTP(t, p, "http://"+addr+"/version", 60*time.Second)
 	return &server{proc: p, base: "http://" + addr, mdm: mdm}
 }

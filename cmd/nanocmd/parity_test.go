@@ -78,7 +78,8 @@ func TestEveryFlagOfNanoCMDv071IsAcceptedWithTheSameDefault(t *testing.T) {
 			t.Errorf("-%s: %+v, NanoCMD v0.7.1 has %+v", name, got, f)
 		}
 	}
-	additions := map[string]bool{"webhook-hmac-key": true, "sweep-interval": true, "redis-url": true, "enqueue-max-url-bytes": true}
+	additions := map[string]bool{"webhook-hmac-key": true, "sweep-interval": true, "redis-url": true, "enqueue-max-url-bytes": true,
+		"mysql-max-conns": true, "mysql-conn-max-lifetime": true, "mysql-conn-max-idle-time": true}
 	for name := range ours {
 		if _, ok := theirs[name]; !ok && !additions[name] {
 			t.Errorf("-%s is neither NanoCMD v0.7.1's nor a named addition", name)

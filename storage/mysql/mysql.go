@@ -246,11 +246,7 @@ func New(opts ...Option) (*Storage, error) {
 // DSN variable names differ), it costs nothing per transaction, where
 // sql.TxOptions costs go-sql-driver a round trip each time.
 //
-// The pool keeps as many idle connections as it may open (DefaultPoolSize
-// of each; database/sql's own default keeps 2 idle, so a server taking
-// results concurrently would open and close a connection per result), and
-// lets an idle one go after DefaultConnMaxIdleTime. An embedder that runs
-// more at once sets both with SetMaxOpenConns and SetMaxIdleConns.
+// Its pool is DefaultPool; an embedder applies its own with Pool.Apply.
 func OpenDB(dsn string) (*sql.DB, error) {
 	mc, err := mysql.ParseDSN(dsn)
 	if err != nil {
@@ -277,17 +273,49 @@ func OpenDB(dsn string) (*sql.DB, error) {
 		return nil, fmt.Errorf("mysql dsn: %w", err)
 	}
 	db := sql.OpenDB(sessionConnector{Connector: conn, setup: []string{readCommittedSession}})
-	db.SetMaxOpenConns(DefaultPoolSize)
-	db.SetMaxIdleConns(DefaultPoolSize)
-	db.SetConnMaxIdleTime(DefaultConnMaxIdleTime)
+	DefaultPool.Apply(db)
 	return db, nil
 }
 
-// DefaultPoolSize and DefaultConnMaxIdleTime are the pool OpenDB opens.
+// DefaultPoolSize, DefaultConnMaxLifetime and DefaultConnMaxIdleTime are
+// DefaultPool's.
 const (
 	DefaultPoolSize        = 64
-	DefaultConnMaxIdleTime = 5 * time.Minute
+	DefaultConnMaxLifetime = time.Hour
+	DefaultConnMaxIdleTime = time.Minute
 )
+
+// Pool is the connection pool policy every binary applies (its flags
+// -mysql-max-conns, -mysql-conn-max-lifetime, -mysql-conn-max-idle-time).
+type Pool struct {
+	// MaxConns bounds the connections open, idle ones included: every
+	// replica's count adds up against the server's max_connections.
+	MaxConns int
+	// MaxLifetime closes a connection this long after it was opened, so a
+	// failover or a proxy's rebalancing (Aurora, a service mesh) reaches
+	// every connection; 0: never.
+	MaxLifetime time.Duration
+	// MaxIdleTime gives an idle connection back to the server after a
+	// burst; 0: never.
+	MaxIdleTime time.Duration
+}
+
+// DefaultPool is the pool OpenDB opens and the binaries' defaults.
+var DefaultPool = Pool{MaxConns: DefaultPoolSize, MaxLifetime: DefaultConnMaxLifetime, MaxIdleTime: DefaultConnMaxIdleTime}
+
+// Apply sets p on db. It keeps as many idle connections as it may open:
+// database/sql's default keeps 2, and a server taking results at once
+// would open and close a connection per result.
+func (p Pool) Apply(db *sql.DB) {
+	n := p.MaxConns
+	if n <= 0 {
+		n = DefaultPoolSize
+	}
+	db.SetMaxOpenConns(n)
+	db.SetMaxIdleConns(n)
+	db.SetConnMaxLifetime(p.MaxLifetime)
+	db.SetConnMaxIdleTime(p.MaxIdleTime)
+}
 
 const readCommittedSession = "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED"
 
