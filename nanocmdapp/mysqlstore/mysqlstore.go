@@ -18,6 +18,8 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 	"github.com/pressly/goose/v3"
+
+	stepmysql "github.com/stepcollect/stepcollect/storage/mysql"
 )
 
 //go:embed migrations/*.sql
@@ -32,40 +34,22 @@ const MigrationsTable = "nanocmd_subsystem_migrations"
 // v0.7.1 database keeps its subsystem_profiles, converted to utf8mb4 if
 // they are not (migration 2, charset.go).
 func Migrate(ctx context.Context, db *sql.DB) error {
-	conn, err := db.Conn(ctx)
-	if err != nil {
-		return fmt.Errorf("subsystem migrate: %w", err)
-	}
-	defer conn.Close()
-	const lock = "nanocmd.subsystems."
-	for {
-		var got sql.NullInt64
-		if err := conn.QueryRowContext(ctx, "SELECT GET_LOCK(LEFT(CONCAT(?, DATABASE()), 64), 5)", lock).Scan(&got); err != nil {
-			return fmt.Errorf("subsystem migrate: lock: %w", err)
+	return stepmysql.UnderMigrationLock(ctx, db, "nanocmd.subsystems.", func() error {
+		fsys, err := fs.Sub(migrationFiles, "migrations")
+		if err != nil {
+			return fmt.Errorf("subsystem migrate: %w", err)
 		}
-		if got.Int64 == 1 {
-			break
+		p, err := goose.NewProvider(goose.DialectMySQL, db, fsys,
+			goose.WithTableName(MigrationsTable), goose.WithDisableGlobalRegistry(true),
+			goose.WithGoMigrations(goose.NewGoMigration(2, &goose.GoFunc{RunDB: convertToUTF8MB4}, nil)))
+		if err != nil {
+			return fmt.Errorf("subsystem migrate: %w", err)
 		}
-		if ctx.Err() != nil {
-			return fmt.Errorf("subsystem migrate: lock: %w", ctx.Err())
+		if _, err := p.Up(ctx); err != nil {
+			return fmt.Errorf("subsystem migrate: %w", err)
 		}
-	}
-	defer conn.ExecContext(context.WithoutCancel(ctx), "DO RELEASE_LOCK(LEFT(CONCAT(?, DATABASE()), 64))", lock)
-
-	fsys, err := fs.Sub(migrationFiles, "migrations")
-	if err != nil {
-		return fmt.Errorf("subsystem migrate: %w", err)
-	}
-	p, err := goose.NewProvider(goose.DialectMySQL, db, fsys,
-		goose.WithTableName(MigrationsTable), goose.WithDisableGlobalRegistry(true),
-		goose.WithGoMigrations(goose.NewGoMigration(2, &goose.GoFunc{RunDB: convertToUTF8MB4}, nil)))
-	if err != nil {
-		return fmt.Errorf("subsystem migrate: %w", err)
-	}
-	if _, err := p.Up(ctx); err != nil {
-		return fmt.Errorf("subsystem migrate: %w", err)
-	}
-	return nil
+		return nil
+	})
 }
 
 // maxInList bounds the ids of one IN list.

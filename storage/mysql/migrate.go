@@ -43,6 +43,23 @@ const migrateLockName = "stepcollect.migrate."
 // before its first row and fail. So Migrate needs two connections of db's
 // pool.
 func Migrate(ctx context.Context, db *sql.DB) error {
+	return UnderMigrationLock(ctx, db, migrateLockName, func() error {
+		p, err := newMigrationProvider(db)
+		if err != nil {
+			return err
+		}
+		if _, err := p.Up(ctx); err != nil {
+			return fmt.Errorf("migrate: %w", err)
+		}
+		return restoreRoutines(ctx, db, p)
+	})
+}
+
+// UnderMigrationLock runs fn holding the GET_LOCK name (scoped to db's
+// database) on a connection of its own, so that replicas starting together
+// migrate one at a time; a process that dies holding it releases it with
+// its connection. fn's statements need a second connection of the pool.
+func UnderMigrationLock(ctx context.Context, db *sql.DB, name string, fn func() error) error {
 	if db.Stats().MaxOpenConnections == 1 {
 		return errors.New("migrate: needs a pool of at least two connections (one holds the migration lock)")
 	}
@@ -51,20 +68,12 @@ func Migrate(ctx context.Context, db *sql.DB) error {
 		return fmt.Errorf("migrate: %w", err)
 	}
 	defer conn.Close()
-	l := getLock{name: migrateLockName}
+	l := getLock{name: name}
 	if err := l.SessionLock(ctx, conn); err != nil {
 		return err
 	}
 	defer l.SessionUnlock(context.WithoutCancel(ctx), conn)
-
-	p, err := newMigrationProvider(db)
-	if err != nil {
-		return err
-	}
-	if _, err := p.Up(ctx); err != nil {
-		return fmt.Errorf("migrate: %w", err)
-	}
-	return restoreRoutines(ctx, db, p)
+	return fn()
 }
 
 // routineMigrations are the migrations that create the routines results
