@@ -1,5 +1,5 @@
 -- KMFDDM v0.8.3's storage/mysql/schema.sql, unchanged (its storage does not
--- embed it). Copyright 2022 Jesse Peterson; MIT License
+-- embed it). Copyright 2022 Jesse Peterson, MIT License
 -- (github.com/jessepeterson/kmfddm, LICENSE).
 CREATE TABLE declarations (
     identifier VARCHAR(255) NOT NULL,
