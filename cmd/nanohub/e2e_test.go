@@ -1,6 +1,7 @@
 package main_test
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -32,19 +33,33 @@ type hub struct {
 	fleet *mdmsim.Fleet
 }
 
-// startHub runs the binary with -storage mysql on a fresh database (its
-// tables made by the binary), as a TLS proxy's backend (-cert-header), and
-// n simulated Macs enrolled at its /mdm, polling every second. NanoMDM's
-// storage runs on MySQL only: on MariaDB t is skipped.
-func startHub(t *testing.T, n int, behavior func(i int) mdmsim.Behavior) *hub {
+// hubOptions are a startHub's.
+type hubOptions struct {
+	N        int                         // devices
+	Bin      string                      // bins["nanohub"] when empty
+	Storage  string                      // "mysql" when empty
+	Behavior func(i int) mdmsim.Behavior // every command Acknowledged when nil
+}
+
+// startHub runs the binary (with -storage mysql on a fresh database, its
+// tables made by the binary) as a TLS proxy's backend (-cert-header), and
+// o.N simulated Macs enrolled at its /mdm, polling every second. No APNs
+// push can be sent: there is no push certificate. NanoMDM's storage runs
+// on MySQL only: on MariaDB t is skipped.
+func startHub(t *testing.T, o hubOptions) *hub {
 	t.Helper()
-	db := testkit.NewDB(t, &testkit.DBOptions{Empty: true})
-	var version string
-	if err := db.QueryRow("SELECT VERSION()").Scan(&version); err != nil {
-		t.Fatal(err)
-	}
-	if strings.Contains(version, "MariaDB") {
-		t.Skipf("NanoMDM's and KMFDDM's MySQL storages do not run on MariaDB (%s); run with STEPCOLLECT_TEST_MYSQL_DSN on MySQL (make test-mysql)", version)
+	h := &hub{}
+	args := []string{"-storage", cmp.Or(o.Storage, "mysql")}
+	if args[1] == "mysql" {
+		h.db = testkit.NewDB(t, &testkit.DBOptions{Empty: true})
+		var version string
+		if err := h.db.QueryRow("SELECT VERSION()").Scan(&version); err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(version, "MariaDB") {
+			t.Skipf("NanoMDM's and KMFDDM's MySQL storages do not run on MariaDB (%s); run with STEPCOLLECT_TEST_MYSQL_DSN on MySQL (make test-mysql)", version)
+		}
+		args = append(args, "-storage-dsn", h.db.DSN)
 	}
 	ca, err := nanomdm.NewCA()
 	if err != nil {
@@ -55,25 +70,25 @@ func startHub(t *testing.T, n int, behavior func(i int) mdmsim.Behavior) *hub {
 		t.Fatal(err)
 	}
 	addr := testkit.FreeAddr(t)
-	p := testkit.StartProc(t, bins["nanohub"], nil, "-listen", addr, "-storage", "mysql", "-storage-dsn", db.DSN,
-		"-ca", caPath, "-cert-header", certHeader, "-api-key", apiKey, "-worker-interval", "5")
-	base := "http://" + addr
-	testkit.AwaitHTTP(t, p, base+"/readyz", 60*time.Second)
+	h.proc = testkit.StartProc(t, cmp.Or(o.Bin, bins["nanohub"]), nil, append(args, "-listen", addr,
+		"-ca", caPath, "-cert-header", certHeader, "-api-key", apiKey, "-worker-interval", "5")...)
+	h.base = "http://" + addr
+	testkit.AwaitHTTP(t, h.proc, h.base+"/version", 60*time.Second)
 
-	fleet, err := mdmsim.NewFleet(ca, mdmsim.Target{MDMURL: base + "/mdm", CertHeader: certHeader},
-		mdmsim.FleetConfig{N: n, PollEvery: time.Second, Behavior: behavior})
+	h.fleet, err = mdmsim.NewFleet(ca, mdmsim.Target{MDMURL: h.base + "/mdm", CertHeader: certHeader},
+		mdmsim.FleetConfig{N: o.N, PollEvery: time.Second, Behavior: o.Behavior})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	if err := fleet.Enroll(ctx); err != nil {
+	if err := h.fleet.Enroll(ctx); err != nil {
 		cancel()
-		t.Fatalf("enrolling: %v\n%s", err, p.Logs())
+		t.Fatalf("enrolling: %v\n%s", err, h.proc.Logs())
 	}
 	done := make(chan struct{})
-	go func() { defer close(done); fleet.Run(ctx) }()
+	go func() { defer close(done); h.fleet.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
-	return &hub{proc: p, base: base, db: db, fleet: fleet}
+	return h
 }
 
 // api calls NanoHUB's API with its key.
@@ -104,7 +119,9 @@ func (h *hub) start(t *testing.T, name string, wfCtx string, ids ...string) (int
 	return h.api(t, http.MethodPost, "/api/v1/nanocmd/workflow/"+name+"/start?"+q.Encode(), nil)
 }
 
-// inventoried is how many of ids have a serial number in the inventory.
+// inventoried is how many of ids have in the inventory what both commands
+// of the inventory's step report: DeviceInformation's serial number and
+// SecurityInfo's SIP state.
 func (h *hub) inventoried(t *testing.T, ids []string) int {
 	t.Helper()
 	code, body := h.api(t, http.MethodGet, "/api/v1/nanocmd/inventory?"+url.Values{"id": ids}.Encode(), nil)
@@ -117,7 +134,7 @@ func (h *hub) inventoried(t *testing.T, ids []string) int {
 	}
 	n := 0
 	for _, id := range ids {
-		if inv[id]["serial_number"] != nil {
+		if inv[id]["serial_number"] != nil && inv[id]["sip_enabled"] != nil {
 			n++
 		}
 	}
@@ -128,9 +145,10 @@ func (h *hub) inventoried(t *testing.T, ids []string) int {
 // MySQL at a 2 s lock wait (NanoHUB v0.2.0 lost 91 of 500 such results to
 // error 1205): the start answers 200 although no APNs push can be sent (no
 // push certificate), every device gets the step's command and answers it,
-// every answer reaches the inventory, and the step is collected.
+// every device gets both of the step's commands and answers them, every
+// answer reaches the inventory, and the step is collected.
 func TestInventoryOf200MacsThroughNanoHUBLosesNoResult(t *testing.T) {
-	h := startHub(t, 200, nil)
+	h := startHub(t, hubOptions{N: 200})
 	ids := h.fleet.IDs()
 	began := time.Now()
 	code, body := h.start(t, inventory, "", ids...)
@@ -190,4 +208,26 @@ func tail(logs string) string {
 		lines = append([]string{fmt.Sprintf("… %d lines before", len(lines)-60)}, lines[len(lines)-60:]...)
 	}
 	return strings.Join(lines, "\n")
+}
+
+// A start whose APNs push fails: NanoHUB v0.2.0 answers 500 (and, issue 62
+// found, after queueing only the step's first command; the inventory step
+// has two); here the start answers 200 and the devices get and answer both. Run on -storage inmem,
+// so on any machine.
+func TestAStartWhosePushFailsAnswers200AndQueuesEveryCommand(t *testing.T) {
+	theirs := startHub(t, hubOptions{N: 2, Bin: buildNanoHUB(t), Storage: "inmem"})
+	if code, body := theirs.start(t, inventory, "", theirs.fleet.IDs()...); code != http.StatusInternalServerError {
+		t.Errorf("NanoHUB v0.2.0's start answered %d %s, want its 500", code, body)
+	}
+	ours := startHub(t, hubOptions{N: 2, Storage: "inmem"})
+	ids := ours.fleet.IDs()
+	if code, body := ours.start(t, inventory, "", ids...); code != http.StatusOK {
+		t.Fatalf("start: %d %s\n%s", code, body, ours.proc.Logs())
+	}
+	if _, ok := testkit.Watch(time.Now().Add(30*time.Second), func() bool { return ours.inventoried(t, ids) == len(ids) }); !ok {
+		t.Fatalf("%d of %d devices inventoried; devices: %v\n%s", ours.inventoried(t, ids), len(ids), ours.fleet.Progress(), tail(ours.proc.Logs()))
+	}
+	if !strings.Contains(ours.proc.Logs(), "push failed; the command") {
+		t.Errorf("the failed push is not logged:\n%s", tail(ours.proc.Logs()))
+	}
 }
