@@ -168,7 +168,7 @@ func TestInventoryOf200MacsThroughNanoHUBLosesNoResult(t *testing.T) {
 	}); !ok {
 		t.Errorf("step rows left: %+v", testkit.CountStepRows(t, h.db.DB))
 	}
-	for _, bad := range []string{"1205", "Lock wait timeout", "Deadlock"} {
+	for _, bad := range []string{"Error 1205", "Error 1213", "Lock wait timeout"} {
 		if strings.Contains(h.proc.Logs(), bad) {
 			t.Errorf("the log has %q:\n%s", bad, tail(h.proc.Logs()))
 		}
