@@ -31,6 +31,7 @@ type hub struct {
 	base  string
 	db    *testkit.DB
 	fleet *mdmsim.Fleet
+	ca    *nanomdm.CA
 }
 
 // hubOptions are a startHub's.
@@ -39,6 +40,7 @@ type hubOptions struct {
 	Bin      string                      // bins["nanohub"] when empty
 	Storage  string                      // "mysql" when empty
 	Behavior func(i int) mdmsim.Behavior // every command Acknowledged when nil
+	Args     []string                    // more flags, after the test's own
 }
 
 // startHub runs the binary (with -storage mysql on a fresh database, its
@@ -69,9 +71,10 @@ func startHub(t *testing.T, o hubOptions) *hub {
 	if err := os.WriteFile(caPath, ca.PEM(), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	h.ca = ca
 	addr := testkit.FreeAddr(t)
-	h.proc = testkit.StartProc(t, cmp.Or(o.Bin, bins["nanohub"]), nil, append(args, "-listen", addr,
-		"-ca", caPath, "-cert-header", certHeader, "-api-key", apiKey, "-worker-interval", "5")...)
+	args = append(args, "-listen", addr, "-ca", caPath, "-cert-header", certHeader, "-api-key", apiKey, "-worker-interval", "5")
+	h.proc = testkit.StartProc(t, cmp.Or(o.Bin, bins["nanohub"]), nil, append(args, o.Args...)...)
 	h.base = "http://" + addr
 	testkit.AwaitHTTP(t, h.proc, h.base+"/version", 60*time.Second)
 
@@ -229,5 +232,12 @@ func TestAStartWhosePushFailsAnswers200AndQueuesEveryCommand(t *testing.T) {
 	}
 	if !strings.Contains(ours.proc.Logs(), "push failed; the command") {
 		t.Errorf("the failed push is not logged:\n%s", tail(ours.proc.Logs()))
+	}
+}
+
+func decodeJSON(t *testing.T, b []byte, v any) {
+	t.Helper()
+	if err := json.Unmarshal(b, v); err != nil {
+		t.Fatalf("%v: %s", err, b)
 	}
 }
