@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/go-sql-driver/mysql"
 	mdmmysql "github.com/micromdm/nanomdm/storage/mysql"
 )
 
@@ -64,6 +65,9 @@ func loadSchemas(ctx context.Context, db *sql.DB) (err error) {
 			return fmt.Errorf("loading schemas: %w", err)
 		}
 	}
+	if err := ensureSHA1(ctx, conn); err != nil {
+		return err
+	}
 	for _, s := range foreignSchemas {
 		var n int
 		if err := conn.QueryRowContext(ctx, "SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = ?", s.firstTable).Scan(&n); err != nil {
@@ -80,6 +84,27 @@ func loadSchemas(ctx context.Context, db *sql.DB) (err error) {
 				return fmt.Errorf("loading %s's schema: %w\n%s", s.name, err, strings.TrimSpace(q))
 			}
 		}
+	}
+	return nil
+}
+
+// sha1Shim stands in for SHA1() where the server has none (MySQL 9.7 as
+// Debian builds it): KMFDDM's storage computes each declaration's server
+// token with it and stores nothing without it. The token is opaque to the
+// devices, which compare it only with itself, so SHA-256's first 40 hex
+// digits serve as well. Where the server has SHA1() its own is called.
+const sha1Shim = "CREATE FUNCTION SHA1(s LONGTEXT) RETURNS CHAR(40) CHARSET ascii DETERMINISTIC NO SQL RETURN LEFT(SHA2(s, 256), 40)"
+
+// ensureSHA1 creates sha1Shim in the database where SHA1() does not exist.
+func ensureSHA1(ctx context.Context, conn *sql.Conn) error {
+	var sum string
+	err := conn.QueryRowContext(ctx, "SELECT SHA1('')").Scan(&sum)
+	var me *mysql.MySQLError
+	if !errors.As(err, &me) || me.Number != 1305 { // ER_SP_DOES_NOT_EXIST
+		return err
+	}
+	if _, err := conn.ExecContext(ctx, sha1Shim); err != nil {
+		return fmt.Errorf("creating the function SHA1 (the server has none; KMFDDM's storage needs one): %w", err)
 	}
 	return nil
 }
