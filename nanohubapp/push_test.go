@@ -28,7 +28,9 @@ func TestAFailedPushIsCountedNotReturned(t *testing.T) {
 		pusher pusherFunc
 		want   float64
 	}{
-		{"all", func(context.Context, []string) (map[string]*push.Response, error) { return nil, errors.New("no push certificate") }, 2},
+		{"all", func(context.Context, []string) (map[string]*push.Response, error) {
+			return nil, errors.New("no push certificate")
+		}, 2},
 		{"one", func(context.Context, []string) (map[string]*push.Response, error) {
 			return map[string]*push.Response{"A": {Id: "1"}, "B": {Err: errors.New("BadDeviceToken")}}, nil
 		}, 3},
