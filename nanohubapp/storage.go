@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/cespare/xxhash"
+	"github.com/go-sql-driver/mysql"
 	dmstorage "github.com/jessepeterson/kmfddm/storage"
 	dmfile "github.com/jessepeterson/kmfddm/storage/diskv"
 	dminmem "github.com/jessepeterson/kmfddm/storage/inmem"
@@ -190,7 +191,11 @@ func mysqlStores(ctx context.Context, cfg *Config, logger log.Logger, zl zerolog
 	if err != nil {
 		return nil, fmt.Errorf("opening NanoMDM's MySQL storage: %w", err)
 	}
-	dmStore, err := dmmysql.New(hasher, dmmysql.WithDSN(cfg.StorageDSN))
+	dmDSN, err := withoutInterpolation(cfg.StorageDSN)
+	if err != nil {
+		return nil, fmt.Errorf("-storage-dsn: %w", err)
+	}
+	dmStore, err := dmmysql.New(hasher, dmmysql.WithDSN(dmDSN))
 	if err != nil {
 		return nil, fmt.Errorf("opening KMFDDM's MySQL storage: %w", err)
 	}
@@ -221,4 +226,17 @@ func mysqlStores(ctx context.Context, cfg *Config, logger log.Logger, zl zerolog
 		close: db.Close,
 		ready: []httpapi.Check{httpapi.MySQLCheck(stepmysql.ReadyCheck(db), cfg.StorageDSN)},
 	}, nil
+}
+
+// withoutInterpolation is dsn with interpolateParams off: KMFDDM writes
+// status reports as []byte into JSON columns, which the driver, when it
+// interpolates, sends as _binary literals that MySQL refuses as JSON
+// (error 3144), so no status report would be stored.
+func withoutInterpolation(dsn string) (string, error) {
+	mc, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		return "", err
+	}
+	mc.InterpolateParams = false
+	return mc.FormatDSN(), nil
 }
