@@ -104,7 +104,8 @@ func (h *hub) inventoryOf(t *testing.T, id string) map[string]any {
 // Every workflow of NanoCMD v0.7.1 through NanoHUB's API on -storage mysql
 // (NanoHUB v0.2.0 registers three there), each on a simulated Mac of its
 // own speaking the MDM protocol to the binary's /mdm; an answer NotNow,
-// an Error answer, and an enrollment event subscription; at the end no
+// an Error answer, a re-Authenticate cancelling a queued step, and an
+// enrollment event subscription; at the end no
 // step row is left.
 func TestEveryWorkflowThroughNanoHUBOnMySQL(t *testing.T) {
 	const (
@@ -211,6 +212,38 @@ func TestEveryWorkflowThroughNanoHUBOnMySQL(t *testing.T) {
 			if want := map[string]string{"DeviceInformation": "Acknowledged", "SecurityInfo": "Error"}[e.RequestType]; e.Status != want {
 				t.Errorf("%s answered %s, want %s", e.RequestType, e.Status, want)
 			}
+		}
+		h.awaitNoStep(t, d.UDID)
+	})
+	t.Run("a re-Authenticate cancels the steps", func(t *testing.T) {
+		// a Mac of its own, polling only when the test says
+		d, err := mdmsim.NewDevice(h.ca, mdmsim.Target{MDMURL: h.base + "/mdm", CertHeader: certHeader}, "REAUTH-1", mdmsim.Behavior{ReauthenticateAfter: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx := context.Background()
+		if err := d.Enroll(ctx); err != nil {
+			t.Fatal(err)
+		}
+		h.mustStart(t, wfLock, "", d.UDID)
+		if n, err := d.Poll(ctx); n != 1 || err != nil {
+			t.Fatalf("answered %d commands (%v), want the DeviceLock", n, err)
+		}
+		h.awaitNoStep(t, d.UDID)
+		// queued, then the Mac enrolls again before it polls: NanoMDM clears
+		// its queue, and the engine must cancel the step, or it waits for
+		// its timeout
+		h.mustStart(t, inventory, "", d.UDID)
+		if n, err := d.Poll(ctx); n != 0 || err != nil {
+			t.Fatalf("answered %d commands (%v) after re-enrolling, want none", n, err)
+		}
+		h.awaitNoStep(t, d.UDID)
+		if inv := h.inventoryOf(t, d.UDID); inv["serial_number"] != nil {
+			t.Errorf("a cancelled inventory completed: %v", inv)
+		}
+		h.mustStart(t, wfLock, "", d.UDID) // not outstanding any more
+		if n, err := d.Poll(ctx); n != 1 || err != nil {
+			t.Fatalf("answered %d commands (%v), want the DeviceLock started again", n, err)
 		}
 		h.awaitNoStep(t, d.UDID)
 	})
