@@ -2,6 +2,9 @@ package main_test
 
 import (
 	"cmp"
+	"net/http/httptest"
+	"net/http/httputil"
+	"sync/atomic"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -27,7 +30,8 @@ const (
 
 // hub is one cmd/nanohub with -storage mysql and the devices enrolled in it.
 type hub struct {
-	proc  *testkit.Proc
+	proc  *testkit.Proc   // the first replica
+	procs []*testkit.Proc // every replica
 	base  string
 	db    *testkit.DB
 	fleet *mdmsim.Fleet
@@ -41,6 +45,7 @@ type hubOptions struct {
 	Storage  string                      // "mysql" when empty
 	Behavior func(i int) mdmsim.Behavior // every command Acknowledged when nil
 	Args     []string                    // more flags, after the test's own
+	Replicas int                         // binaries on the one database behind a round-robin proxy; 1 when 0
 }
 
 // startHub runs the binary (with -storage mysql on a fresh database, its
@@ -72,11 +77,27 @@ func startHub(t *testing.T, o hubOptions) *hub {
 		t.Fatal(err)
 	}
 	h.ca = ca
-	addr := testkit.FreeAddr(t)
-	args = append(args, "-listen", addr, "-ca", caPath, "-cert-header", certHeader, "-api-key", apiKey, "-worker-interval", "5")
-	h.proc = testkit.StartProc(t, cmp.Or(o.Bin, bins["nanohub"]), nil, append(args, o.Args...)...)
-	h.base = "http://" + addr
-	testkit.AwaitHTTP(t, h.proc, h.base+"/version", 60*time.Second)
+	args = append(args, "-ca", caPath, "-cert-header", certHeader, "-api-key", apiKey, "-worker-interval", "5")
+	var backends []*url.URL
+	for range max(1, o.Replicas) { // started together, on one empty database
+		addr := testkit.FreeAddr(t)
+		h.procs = append(h.procs, testkit.StartProc(t, cmp.Or(o.Bin, bins["nanohub"]), nil, append(append(args, "-listen", addr), o.Args...)...))
+		backends = append(backends, &url.URL{Scheme: "http", Host: addr})
+	}
+	for i, p := range h.procs {
+		testkit.AwaitHTTP(t, p, backends[i].String()+"/version", 60*time.Second)
+	}
+	h.proc, h.base = h.procs[0], backends[0].String()
+	if len(backends) > 1 {
+		var next atomic.Uint64
+		proxy := httptest.NewServer(&httputil.ReverseProxy{Rewrite: func(r *httputil.ProxyRequest) {
+			r.SetURL(backends[next.Add(1)%uint64(len(backends))])
+		}, ErrorHandler: func(w http.ResponseWriter, _ *http.Request, _ error) {
+			w.WriteHeader(http.StatusBadGateway) // the Macs' polls cut short at the test's end
+		}})
+		t.Cleanup(proxy.Close)
+		h.base = proxy.URL
+	}
 
 	h.fleet, err = mdmsim.NewFleet(ca, mdmsim.Target{MDMURL: h.base + "/mdm", CertHeader: certHeader},
 		mdmsim.FleetConfig{N: o.N, PollEvery: time.Second, Behavior: o.Behavior})
@@ -147,23 +168,32 @@ func (h *hub) inventoried(t *testing.T, ids []string) int {
 // The inventory workflow started for 200 Macs through NanoHUB's API, on
 // MySQL at a 2 s lock wait (NanoHUB v0.2.0 lost 91 of 500 such results to
 // error 1205): the start answers 200 although no APNs push can be sent (no
-// push certificate), every device gets the step's command and answers it,
-// every device gets both of the step's commands and answers them, every
-// answer reaches the inventory, and the step is collected.
+// push certificate), every device gets both of the step's commands and
+// answers them, every answer reaches the inventory, and the step is
+// collected.
 func TestInventoryOf200MacsThroughNanoHUBLosesNoResult(t *testing.T) {
-	h := startHub(t, hubOptions{N: 200})
+	inventory200(t, startHub(t, hubOptions{N: 200}))
+}
+
+// The same on two replicas started together on one empty database, every
+// request (the Macs' and the API's) sent to either in turn.
+func TestInventoryOf200MacsOnTwoReplicasLosesNoResult(t *testing.T) {
+	inventory200(t, startHub(t, hubOptions{N: 200, Replicas: 2}))
+}
+
+func inventory200(t *testing.T, h *hub) {
 	ids := h.fleet.IDs()
 	began := time.Now()
 	code, body := h.start(t, inventory, "", ids...)
 	if code != http.StatusOK {
-		t.Fatalf("start: %d %s\n%s", code, body, h.proc.Logs())
+		t.Fatalf("start: %d %s\n%s", code, body, tail(h.logs()))
 	}
 	got := 0
 	if _, ok := testkit.Watch(time.Now().Add(2*time.Minute), func() bool {
 		got = h.inventoried(t, ids)
 		return got == len(ids)
 	}); !ok {
-		t.Fatalf("%d of %d devices in the inventory; devices: %v\n%s", got, len(ids), h.fleet.Progress(), tail(h.proc.Logs()))
+		t.Fatalf("%d of %d devices in the inventory; devices: %v\n%s", got, len(ids), h.fleet.Progress(), tail(h.logs()))
 	}
 	t.Logf("%d devices inventoried %v after the start", got, time.Since(began).Round(time.Millisecond))
 	if _, ok := testkit.Watch(time.Now().Add(30*time.Second), func() bool {
@@ -172,22 +202,38 @@ func TestInventoryOf200MacsThroughNanoHUBLosesNoResult(t *testing.T) {
 		t.Errorf("step rows left: %+v", testkit.CountStepRows(t, h.db.DB))
 	}
 	for _, bad := range []string{"Error 1205", "Error 1213", "Lock wait timeout"} {
-		if strings.Contains(h.proc.Logs(), bad) {
-			t.Errorf("the log has %q:\n%s", bad, tail(h.proc.Logs()))
+		if strings.Contains(h.logs(), bad) {
+			t.Errorf("the log has %q:\n%s", bad, tail(h.logs()))
 		}
 	}
 	if errs := h.fleet.Errors(); len(errs) > 0 {
 		t.Errorf("device errors: %v", errs)
 	}
-	if n := h.metric(t, "stepcollect_mdm_push_failures_total"); n < float64(len(ids)) {
-		t.Errorf("stepcollect_mdm_push_failures_total %v, want at least %d (no push certificate)", n, len(ids))
+	failed := 0.0
+	for _, p := range h.procs {
+		failed += metricOf(t, "http://"+listenOf(p), "stepcollect_mdm_push_failures_total")
+	}
+	if failed < float64(len(ids)) {
+		t.Errorf("stepcollect_mdm_push_failures_total %v, want at least %d (no push certificate)", failed, len(ids))
 	}
 }
 
-// metric is the value of an unlabelled metric on /metrics.
-func (h *hub) metric(t *testing.T, name string) float64 {
+// listenOf is the -listen a replica was started with.
+func listenOf(p *testkit.Proc) string {
+	args := p.Cmd.Args
+	addr := ""
+	for i, a := range args {
+		if a == "-listen" && i+1 < len(args) {
+			addr = args[i+1]
+		}
+	}
+	return addr
+}
+
+// metricOf is the value of an unlabelled metric on base's /metrics.
+func metricOf(t *testing.T, base, name string) float64 {
 	t.Helper()
-	resp, err := http.Get(h.base + "/metrics")
+	resp, err := http.Get(base + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -202,6 +248,15 @@ func (h *hub) metric(t *testing.T, name string) float64 {
 	}
 	t.Fatalf("no %s on /metrics", name)
 	return 0
+}
+
+// logs are every replica's output.
+func (h *hub) logs() string {
+	var b strings.Builder
+	for i, p := range h.procs {
+		fmt.Fprintf(&b, "--- replica %d\n%s", i, p.Logs())
+	}
+	return b.String()
 }
 
 // tail is the last lines of a log, for a failure's message.
