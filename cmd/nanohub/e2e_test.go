@@ -2,18 +2,18 @@ package main_test
 
 import (
 	"cmp"
-	"net/http/httptest"
-	"net/http/httputil"
-	"sync/atomic"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
 	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
