@@ -2,9 +2,11 @@ package main_test
 
 import (
 	"cmp"
+
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/go-sql-driver/mysql"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -20,6 +22,7 @@ import (
 	"github.com/stepcollect/stepcollect/internal/testkit"
 	"github.com/stepcollect/stepcollect/internal/testkit/mdmsim"
 	"github.com/stepcollect/stepcollect/internal/testkit/nanomdm"
+	"github.com/stepcollect/stepcollect/internal/testkit/tcpproxy"
 )
 
 const (
@@ -30,12 +33,13 @@ const (
 
 // hub is one cmd/nanohub with -storage mysql and the devices enrolled in it.
 type hub struct {
-	proc  *testkit.Proc   // the first replica
-	procs []*testkit.Proc // every replica
-	base  string
-	db    *testkit.DB
-	fleet *mdmsim.Fleet
-	ca    *nanomdm.CA
+	proc    *testkit.Proc   // the first replica
+	procs   []*testkit.Proc // every replica
+	base    string
+	db      *testkit.DB
+	fleet   *mdmsim.Fleet
+	ca      *nanomdm.CA
+	dbProxy *tcpproxy.Proxy // with hubOptions.DBProxy
 }
 
 // hubOptions are a startHub's.
@@ -46,6 +50,7 @@ type hubOptions struct {
 	Behavior func(i int) mdmsim.Behavior // every command Acknowledged when nil
 	Args     []string                    // more flags, after the test's own
 	Replicas int                         // binaries on the one database behind a round-robin proxy; 1 when 0
+	DBProxy  bool                        // the binary reaches MySQL through a TCP proxy the test can cut
 }
 
 // startHub runs the binary (with -storage mysql on a fresh database, its
@@ -66,7 +71,17 @@ func startHub(t *testing.T, o hubOptions) *hub {
 		if strings.Contains(version, "MariaDB") {
 			t.Skipf("NanoMDM's and KMFDDM's MySQL storages do not run on MariaDB (%s); run with STEPCOLLECT_TEST_MYSQL_DSN on MySQL (make test-mysql)", version)
 		}
-		args = append(args, "-storage-dsn", h.db.DSN)
+		dsn := h.db.DSN
+		if o.DBProxy {
+			cfg, err := mysql.ParseDSN(dsn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			h.dbProxy = tcpproxy.Start(t, cfg.Addr)
+			cfg.Net, cfg.Addr = "tcp", h.dbProxy.Addr
+			dsn = cfg.FormatDSN()
+		}
+		args = append(args, "-storage-dsn", dsn)
 	}
 	ca, err := nanomdm.NewCA()
 	if err != nil {
