@@ -311,3 +311,22 @@ func decodeJSON(t *testing.T, b []byte, v any) {
 		t.Fatalf("%v: %s", err, b)
 	}
 }
+
+// -storage file is NanoHUB's own, in the -storage-dsn directory: the
+// inventory workflow completes on it, and SIGTERM stops the binary cleanly
+// (exit 0; NanoHUB v0.2.0 dies of the signal).
+func TestFileStorageRunsTheInventoryAndSIGTERMStopsCleanly(t *testing.T) {
+	dir := t.TempDir()
+	h := startHub(t, hubOptions{N: 3, Storage: "file", Args: []string{"-storage-dsn", dir}})
+	ids := h.fleet.IDs()
+	h.mustStart(t, inventory, "", ids...)
+	testkit.WaitUntil(t, 30*time.Second, "the inventory", func() (bool, any) { n := h.inventoried(t, ids); return n == len(ids), n })
+	for _, sub := range []string{"mdm", "cmd", "subsys-inventory"} {
+		if _, err := os.Stat(filepath.Join(dir, sub)); err != nil {
+			t.Errorf("NanoHUB's folder %s: %v", sub, err)
+		}
+	}
+	if err := h.proc.Stop(); err != nil {
+		t.Errorf("SIGTERM: %v, want exit 0\n%s", err, tail(h.logs()))
+	}
+}
