@@ -7,6 +7,7 @@ package nanohubapp
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"hash"
@@ -167,9 +168,7 @@ func mysqlStores(ctx context.Context, cfg *Config, logger log.Logger, zl zerolog
 			db.Close()
 		}
 	}()
-	db.SetMaxOpenConns(nanocmdapp.PoolSize())
-	db.SetMaxIdleConns(nanocmdapp.PoolSize())
-	db.SetConnMaxIdleTime(5 * time.Minute)
+	sizePool(db)
 	startCtx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	if err := requireMySQL(startCtx, db); err != nil {
@@ -186,16 +185,36 @@ func mysqlStores(ctx context.Context, cfg *Config, logger log.Logger, zl zerolog
 	}
 	reg.MustRegister(collectors.NewDBStatsCollector(db, metrics.DBPoolName))
 
-	// NanoMDM's and KMFDDM's storages open their own pools, as in NanoHUB
-	mdmStore, err := mdmmysql.New(mdmmysql.WithDSN(cfg.StorageDSN), mdmmysql.WithLogger(logger.With("storage", "mysql")))
-	if err != nil {
-		return nil, fmt.Errorf("opening NanoMDM's MySQL storage: %w", err)
-	}
-	dmDSN, err := withoutInterpolation(cfg.StorageDSN)
+	// NanoMDM's and KMFDDM's storages have pools of their own on the DSN
+	// as given, as in NanoHUB, sized as stepcollect's
+	mdmDB, err := sql.Open("mysql", cfg.StorageDSN)
 	if err != nil {
 		return nil, fmt.Errorf("-storage-dsn: %w", err)
 	}
-	dmStore, err := dmmysql.New(hasher, dmmysql.WithDSN(dmDSN))
+	sizePool(mdmDB)
+	dmDSN, err := withoutInterpolation(cfg.StorageDSN)
+	if err != nil {
+		mdmDB.Close()
+		return nil, fmt.Errorf("-storage-dsn: %w", err)
+	}
+	dmDB, err := sql.Open("mysql", dmDSN)
+	if err != nil {
+		mdmDB.Close()
+		return nil, fmt.Errorf("-storage-dsn: %w", err)
+	}
+	sizePool(dmDB)
+	closeAll := func() error { return errors.Join(mdmDB.Close(), dmDB.Close(), db.Close()) }
+	defer func() {
+		if err != nil {
+			mdmDB.Close()
+			dmDB.Close()
+		}
+	}()
+	mdmStore, err := mdmmysql.New(mdmmysql.WithDB(mdmDB), mdmmysql.WithLogger(logger.With("storage", "mysql")))
+	if err != nil {
+		return nil, fmt.Errorf("opening NanoMDM's MySQL storage: %w", err)
+	}
+	dmStore, err := dmmysql.New(hasher, dmmysql.WithDB(dmDB))
 	if err != nil {
 		return nil, fmt.Errorf("opening KMFDDM's MySQL storage: %w", err)
 	}
@@ -223,7 +242,7 @@ func mysqlStores(ctx context.Context, cfg *Config, logger log.Logger, zl zerolog
 		steps: eng,
 		sweeper: collector.NewSweeper(collector.SweeperConfig{Interval: time.Duration(cfg.SweepInterval) * time.Second},
 			eng, nil, metrics.NewSweeper(reg), zl.With().Str("component", "sweeper").Logger()),
-		close: db.Close,
+		close: closeAll,
 		ready: []httpapi.Check{httpapi.MySQLCheck(stepmysql.ReadyCheck(db), cfg.StorageDSN)},
 	}, nil
 }
@@ -239,4 +258,12 @@ func withoutInterpolation(dsn string) (string, error) {
 	}
 	mc.InterpolateParams = false
 	return mc.FormatDSN(), nil
+}
+
+// sizePool gives every pool of the process stepcollect's -storage mysql
+// pool settings (nanocmdapp's): connections opened once and kept.
+func sizePool(db *sql.DB) {
+	db.SetMaxOpenConns(nanocmdapp.PoolSize())
+	db.SetMaxIdleConns(nanocmdapp.PoolSize())
+	db.SetConnMaxIdleTime(5 * time.Minute)
 }
