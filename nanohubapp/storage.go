@@ -185,24 +185,10 @@ func mysqlStores(ctx context.Context, cfg *Config, logger log.Logger, zl zerolog
 	}
 	reg.MustRegister(collectors.NewDBStatsCollector(db, metrics.DBPoolName))
 
-	// NanoMDM's and KMFDDM's storages have pools of their own on the DSN
-	// as given, as in NanoHUB, sized as stepcollect's
-	mdmDB, err := sql.Open("mysql", cfg.StorageDSN)
+	mdmDB, dmDB, err := foreignPools(cfg.StorageDSN)
 	if err != nil {
-		return nil, fmt.Errorf("-storage-dsn: %w", err)
+		return nil, err
 	}
-	sizePool(mdmDB)
-	dmDSN, err := withoutInterpolation(cfg.StorageDSN)
-	if err != nil {
-		mdmDB.Close()
-		return nil, fmt.Errorf("-storage-dsn: %w", err)
-	}
-	dmDB, err := sql.Open("mysql", dmDSN)
-	if err != nil {
-		mdmDB.Close()
-		return nil, fmt.Errorf("-storage-dsn: %w", err)
-	}
-	sizePool(dmDB)
 	closeAll := func() error { return errors.Join(mdmDB.Close(), dmDB.Close(), db.Close()) }
 	defer func() {
 		if err != nil {
@@ -245,6 +231,26 @@ func mysqlStores(ctx context.Context, cfg *Config, logger log.Logger, zl zerolog
 		close: closeAll,
 		ready: []httpapi.Check{httpapi.MySQLCheck(stepmysql.ReadyCheck(db), cfg.StorageDSN)},
 	}, nil
+}
+
+// foreignPools are NanoMDM's and KMFDDM's storages' pools: their own, on
+// the DSN as given (as in NanoHUB; KMFDDM's without interpolation), sized
+// as stepcollect's.
+func foreignPools(dsn string) (mdmDB, dmDB *sql.DB, err error) {
+	dmDSN, err := withoutInterpolation(dsn)
+	if err != nil {
+		return nil, nil, fmt.Errorf("-storage-dsn: %w", err)
+	}
+	if mdmDB, err = sql.Open("mysql", dsn); err != nil {
+		return nil, nil, fmt.Errorf("-storage-dsn: %w", err)
+	}
+	if dmDB, err = sql.Open("mysql", dmDSN); err != nil {
+		mdmDB.Close()
+		return nil, nil, fmt.Errorf("-storage-dsn: %w", err)
+	}
+	sizePool(mdmDB)
+	sizePool(dmDB)
+	return mdmDB, dmDB, nil
 }
 
 // withoutInterpolation is dsn with interpolateParams off: KMFDDM writes
