@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -52,9 +53,10 @@ func nanoHUBv020Database(t *testing.T) *testkit.DB {
 // A database NanoHUB v0.2.0 ran on, taken over by this binary on the same
 // address: the Macs enrolled under v0.2.0 carry on without enrolling again
 // (NanoMDM's enrollments and certificate associations are kept), the
-// profile uploaded through v0.2.0's API is served, a declaration is stored,
-// and the inventory workflow (which v0.2.0 does not register with -storage
-// mysql) reaches every Mac.
+// profile uploaded through v0.2.0's API is served, a devinfolog step
+// v0.2.0 left in flight is answered and completed here, a declaration is
+// stored, and the inventory workflow (which v0.2.0 does not register with
+// -storage mysql) reaches every Mac.
 func TestANanoHUBv020DatabaseIsAdoptedInPlace(t *testing.T) {
 	db := nanoHUBv020Database(t)
 	ca, err := nanomdm.NewCA()
@@ -89,6 +91,14 @@ func TestANanoHUBv020DatabaseIsAdoptedInPlace(t *testing.T) {
 	if code, body := h.start(t, inventory, "", h.fleet.IDs()...); code != http.StatusInternalServerError || !strings.Contains(string(body), "no such workflow") {
 		t.Errorf("v0.2.0 answered the inventory's start %d %s, want its 500 no such workflow", code, body)
 	}
+	// a step v0.2.0 stored and enqueued, though it answered the start 500
+	// for the failed push: in flight across the change of binary
+	if code, body := h.start(t, wfDevInfoLog, "", h.fleet.IDs()...); code != http.StatusInternalServerError {
+		t.Errorf("v0.2.0 answered devinfolog's start %d %s, want its 500 for the push", code, body)
+	}
+	if n := testkit.CountStepRows(t, db.DB).IDCommands; n != len(h.fleet.IDs()) {
+		t.Fatalf("v0.2.0 left %d id_commands rows, want one per Mac", n)
+	}
 	h.proc.Stop() // v0.2.0 has no graceful stop: "signal: terminated"
 
 	h.proc = testkit.StartProc(t, bins["nanohub"], nil, args...)
@@ -113,6 +123,11 @@ func TestANanoHUBv020DatabaseIsAdoptedInPlace(t *testing.T) {
 		return got == len(ids)
 	}); !ok {
 		t.Fatalf("%d of %d Macs enrolled under v0.2.0 inventoried; devices: %v %v\n%s", got, len(ids), h.fleet.Progress(), h.fleet.Errors(), tail(h.proc.Logs()))
+	}
+	for _, d := range h.fleet.Devices() {
+		if types, _ := answered(d); !slices.Contains(types, "DeviceInformation") {
+			t.Errorf("%s did not answer the DeviceInformation v0.2.0 queued: %v", d.UDID, types)
+		}
 	}
 	testkit.WaitUntil(t, 30*time.Second, "no step row left", func() (bool, any) {
 		rows := testkit.CountStepRows(t, h.db.DB)
