@@ -48,18 +48,19 @@ func parseHelp(t *testing.T, bin string) map[string]flagHelp {
 	return flags
 }
 
-// buildNanoHUB builds NanoHUB v0.2.0's own cmd/nanohub: this module
-// requires github.com/micromdm/nanohub v0.2.0 (for its nanohub package), so
-// its main builds here, against the same NanoMDM, KMFDDM and (by MVS)
-// NanoCMD v0.7.1.
+// buildNanoHUB builds NanoHUB v0.2.0's own cmd/nanohub as its release
+// does: `go install …@v0.2.0` builds with NanoHUB's own go.mod (NanoCMD
+// v0.7.0, whose MySQL storage differs from v0.7.1's), not this module's.
 func buildNanoHUB(t *testing.T) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "nanohub-v0.2.0")
-	cmd := exec.Command("go", "build", "-o", bin, "github.com/micromdm/nanohub/cmd/nanohub")
+	dir := t.TempDir()
+	cmd := exec.Command("go", "install", "github.com/micromdm/nanohub/cmd/nanohub@v0.2.0")
+	cmd.Dir = dir // outside this module
+	cmd.Env = append(os.Environ(), "GOBIN="+dir, "GOFLAGS=")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("building NanoHUB v0.2.0: %v\n%s", err, out)
 	}
-	return bin
+	return filepath.Join(dir, "nanohub")
 }
 
 // Every flag of NanoHUB v0.2.0's server is accepted with the same type,
