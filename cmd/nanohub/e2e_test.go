@@ -51,6 +51,7 @@ type hubOptions struct {
 	Args     []string                    // more flags, after the test's own
 	Replicas int                         // binaries on the one database behind a round-robin proxy; 1 when 0
 	DBProxy  bool                        // the binary reaches MySQL through a TCP proxy the test can cut
+	Woken    bool                        // the Macs poll only when woken (Fleet.Wake), not every second
 }
 
 // startHub runs the binary (with -storage mysql on a fresh database, its
@@ -114,8 +115,12 @@ func startHub(t *testing.T, o hubOptions) *hub {
 		h.base = proxy.URL
 	}
 
+	pollEvery := time.Second
+	if o.Woken {
+		pollEvery = time.Hour
+	}
 	h.fleet, err = mdmsim.NewFleet(ca, mdmsim.Target{MDMURL: h.base + "/mdm", CertHeader: certHeader},
-		mdmsim.FleetConfig{N: o.N, PollEvery: time.Second, Behavior: o.Behavior})
+		mdmsim.FleetConfig{N: o.N, PollEvery: pollEvery, Behavior: o.Behavior})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -328,5 +333,29 @@ func TestFileStorageRunsTheInventoryAndSIGTERMStopsCleanly(t *testing.T) {
 	}
 	if err := h.proc.Stop(); err != nil {
 		t.Errorf("SIGTERM: %v, want exit 0\n%s", err, tail(h.logs()))
+	}
+}
+
+// The issue's case: 500 Macs answering one step's command at the same
+// moment, on MySQL at a 2 s lock wait. NanoHUB v0.2.0 lost 91 of 500 in the
+// issue (106 of 500 in a run of this test's setup against v0.2.0's binary,
+// each an error 1205 in its log, the step left waiting for them); here
+// every answer completes its enrollment's step.
+func TestFiveHundredMacsAnsweringAtOnceLoseNothing(t *testing.T) {
+	h := startHub(t, hubOptions{N: 500, Woken: true})
+	ids := h.fleet.IDs()
+	h.mustStart(t, wfDevInfoLog, "", ids...)
+	h.fleet.Wake()
+	testkit.WaitUntil(t, time.Minute, "every Mac's step completed", func() (bool, any) {
+		rows := testkit.CountStepRows(t, h.db.DB)
+		return rows == testkit.StepRows{}, rows
+	})
+	if p := h.fleet.Progress(); p.Commands != int64(len(ids)) {
+		t.Errorf("devices: %v, want %d commands answered", p, len(ids))
+	}
+	for _, bad := range []string{"Error 1205", "Error 1213", "Lock wait timeout"} {
+		if strings.Contains(h.logs(), bad) {
+			t.Errorf("the log has %q", bad)
+		}
 	}
 }
