@@ -32,7 +32,7 @@ test: vet
 # mysqld of their own from the same chroot here, a mariadbd in `make test`
 # (which never needs the chroot).
 MYSQL_TEST_DSN  ?= root@tcp(127.0.0.1:3307)/
-MYSQL_TEST_PKGS ?= ./storage/... ./httpapi ./app ./collector ./delivery ./cmd/... ./nanocmdapp/... ./examples ./deploy \
+MYSQL_TEST_PKGS ?= ./storage/... ./httpapi ./app ./collector ./delivery ./cmd/... ./nanocmdapp/... ./nanohubapp ./examples ./deploy \
                    ./e2e ./e2e/pace ./e2e/recovery ./e2e/failover ./internal/testkit/testha ./internal/testkit/nanomdm
 test-mysql:
 	bash scripts/services.sh --mysql

@@ -4,13 +4,16 @@ go 1.26.0
 
 require (
 	github.com/alexedwards/flow v0.0.0-20220806114457-cf11be9e0e03
+	github.com/cespare/xxhash v1.1.0
 	github.com/chromedp/cdproto v0.160.1
 	github.com/chromedp/chromedp v0.23.1
 	github.com/go-sql-driver/mysql v1.9.3
 	github.com/hibiken/asynq v0.26.0
+	github.com/jessepeterson/kmfddm v0.8.3
 	github.com/jessepeterson/mdmcommands v0.0.0-20251210055310-75943edf7c59
 	github.com/mattn/go-isatty v0.0.20
 	github.com/micromdm/nanocmd v0.7.1
+	github.com/micromdm/nanohub v0.2.0
 	github.com/micromdm/nanolib v0.5.2
 	github.com/micromdm/nanomdm v0.9.0
 	github.com/micromdm/plist v0.4.0
@@ -43,6 +46,7 @@ require (
 	github.com/robfig/cron/v3 v3.0.1 // indirect
 	github.com/sethvargo/go-retry v0.3.0 // indirect
 	github.com/spf13/cast v1.10.0 // indirect
+	github.com/valyala/fastjson v1.6.4 // indirect
 	go.uber.org/multierr v1.11.0 // indirect
 	go.yaml.in/yaml/v2 v2.4.5 // indirect
 	golang.org/x/net v0.43.0 // indirect

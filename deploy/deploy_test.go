@@ -614,8 +614,8 @@ func TestTheDockerfileBuildsEveryBinaryStamped(t *testing.T) {
 	if len(froms) != 2 || !strings.Contains(froms[1], "distroless") || !strings.Contains(froms[1], "@sha256:") {
 		t.Errorf("stages %v: want a builder and distroless pinned by digest", froms)
 	}
-	if !strings.Contains(text, "COPY --from=build /out/api /out/worker /out/migrate /out/nanocmd /") {
-		t.Error("the final image does not get /api, /worker, /migrate and /nanocmd")
+	if !strings.Contains(text, "COPY --from=build /out/api /out/worker /out/migrate /out/nanocmd /out/nanohub /") {
+		t.Error("the final image does not get /api, /worker, /migrate, /nanocmd and /nanohub")
 	}
 
 	// the RUN instruction that builds, joined from its continuation lines
@@ -633,7 +633,7 @@ func TestTheDockerfileBuildsEveryBinaryStamped(t *testing.T) {
 		run = cmd
 		break
 	}
-	for _, main := range []string{"cmd/api", "cmd/worker", "cmd/migrate", "cmd/nanocmd"} {
+	for _, main := range []string{"cmd/api", "cmd/worker", "cmd/migrate", "cmd/nanocmd", "cmd/nanohub"} {
 		if !strings.Contains(run, main) {
 			t.Errorf("the build step does not build %s:\n%s", main, run)
 		}
@@ -655,9 +655,11 @@ func TestTheDockerfileBuildsEveryBinaryStamped(t *testing.T) {
 			t.Errorf("%s -version: %q, %v; want %s", bin, out, err, want)
 		}
 	}
-	// nanocmd prints the version alone, as NanoCMD does
-	if out, err := exec.Command(filepath.Join(dir, "nanocmd"), "-version").Output(); err != nil || string(out) != "v0.0.0-dockerfile-test\n" {
-		t.Errorf("nanocmd -version: %q, %v; want the stamped version alone", out, err)
+	// nanocmd and nanohub print the version alone, as NanoCMD and NanoHUB do
+	for _, bin := range []string{"nanocmd", "nanohub"} {
+		if out, err := exec.Command(filepath.Join(dir, bin), "-version").Output(); err != nil || string(out) != "v0.0.0-dockerfile-test\n" {
+			t.Errorf("%s -version: %q, %v; want the stamped version alone", bin, out, err)
+		}
 	}
 }
 

@@ -57,7 +57,7 @@ type helpFlag struct{ name, env, def string }
 
 var (
 	helpFlagLine = regexp.MustCompile(`^  -(\S+)`)
-	helpEnv      = regexp.MustCompile(`\(env (STEPCOLLECT_[A-Z0-9_]+)\)|\[(NANOCMD_[A-Z0-9_]+)\]`)
+	helpEnv      = regexp.MustCompile(`\(env (STEPCOLLECT_[A-Z0-9_]+)\)|\[((?:NANOCMD|NANOHUB)_[A-Z0-9_]+)\]`)
 	helpDefault  = regexp.MustCompile(`\(default "?(.*?)"?\)$`)
 )
 
@@ -66,7 +66,7 @@ func helpFlags(t *testing.T, bin string) map[string]helpFlag {
 	cmd := exec.Command(bin, "-h")
 	// defaults as they are without any environment of the caller's
 	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "STEPCOLLECT_") && !strings.HasPrefix(kv, "NANOCMD_") {
+		if !strings.HasPrefix(kv, "STEPCOLLECT_") && !strings.HasPrefix(kv, "NANOCMD_") && !strings.HasPrefix(kv, "NANOHUB_") {
 			cmd.Env = append(cmd.Env, kv)
 		}
 	}
@@ -103,7 +103,7 @@ func helpFlags(t *testing.T, bin string) map[string]helpFlag {
 // flag the tables list is one the binary has.
 func TestTheReferenceListsEveryFlagOfEveryBinary(t *testing.T) {
 	t.Parallel()
-	bins, err := testkit.BuildPlain(t.TempDir(), "cmd/api", "cmd/worker", "cmd/nanocmd", "cmd/migrate")
+	bins, err := testkit.BuildPlain(t.TempDir(), "cmd/api", "cmd/worker", "cmd/nanocmd", "cmd/nanohub", "cmd/migrate")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,8 +114,9 @@ func TestTheReferenceListsEveryFlagOfEveryBinary(t *testing.T) {
 		"worker":  append(append([]refRow{}, tables["`worker`"]...), shared...),
 		"migrate": tables["`migrate`"],
 		"nanocmd": tables["`nanocmd`"],
+		"nanohub": tables["`nanohub`"],
 	}
-	for _, bin := range []string{"api", "worker", "migrate", "nanocmd"} {
+	for _, bin := range []string{"api", "worker", "migrate", "nanocmd", "nanohub"} {
 		flags := helpFlags(t, bins[bin])
 		rows := map[string]refRow{}
 		for _, r := range documented[bin] {
