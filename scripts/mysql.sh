@@ -8,6 +8,9 @@
 #   scripts/mysql.sh        start (or say it already answers)
 #   scripts/mysql.sh stop   stop the server started here, by its pid
 #
+# STEPCOLLECT_MYSQL_TEST_PORT picks the port; STEPCOLLECT_MYSQL_MAX_ALLOWED_PACKET
+# the packet limit (16M; MySQL's own default is 64M, which the tests also take).
+#
 # Every step prints one `mysql: ...` line; a failure names its step.
 set -euo pipefail
 
@@ -105,7 +108,7 @@ start_server() {
   setsid chroot "$root" mysqld --user=root --datadir="$datadir" \
     --port="$port" --bind-address="$host" --mysqlx=OFF --secure-file-priv= \
     --socket="$rundir/mysqld.sock" --pid-file="$pidfile" --log-error="$errlog" \
-    --max-connections="$max_connections" --max-allowed-packet=16M </dev/null >"$root$outlog" 2>&1 &
+    --max-connections="$max_connections" --max-allowed-packet="${STEPCOLLECT_MYSQL_MAX_ALLOWED_PACKET:-16M}" </dev/null >"$root$outlog" 2>&1 &
   for ((i = 0; i < 1200; i++)); do
     if answers && pid=$(server_pid); then
       return 0
