@@ -25,6 +25,11 @@
 //     missing for id"}}; the uuid is then taken.
 //   - A request without an identity certificate from the CA is refused
 //     before it is read: 400 Bad Request.
+//   - On the key-value storages a command answered NotNow is lost once the
+//     command queued after it is answered: the queue unlinks the last
+//     command without clearing its predecessor's link to it, hands it out
+//     again, and unlinking it twice empties the queue. MySQL hands the
+//     NotNow command out until it is answered.
 //
 // NanoMDM's MySQL storage runs on MySQL only (its `INSERT … AS new` is
 // not MariaDB's): NewMySQLDB loads its schema into a fresh database, and
