@@ -277,12 +277,17 @@ func (h *hookRecorder) answered(r *http.Request) {
 // awaitEnrolled waits until the binary answered the Authenticate and the
 // TokenUpdate of each id, times times: NanoMDM posts each event on a
 // goroutine of its own, so that an Authenticate posted late would cancel
-// a workflow started after the enrollment.
+// a workflow started after the enrollment. A webhook answered non-2xx
+// fails t at once.
 func (h *hookRecorder) awaitEnrolled(t *testing.T, times int, ids ...string) {
 	t.Helper()
+	var failed []string
 	testkit.WaitUntil(t, 2*time.Minute, fmt.Sprintf("the check-ins of %d Macs answered", len(ids)), func() (bool, any) {
 		h.mu.Lock()
 		defer h.mu.Unlock()
+		if failed = slices.Clone(h.failed); len(failed) > 0 {
+			return true, nil
+		}
 		for _, id := range ids {
 			if h.checkins["mdm.Authenticate "+id] < times || h.checkins["mdm.TokenUpdate "+id] < times {
 				return false, id + " not yet"
@@ -290,6 +295,9 @@ func (h *hookRecorder) awaitEnrolled(t *testing.T, times int, ids ...string) {
 		}
 		return true, nil
 	})
+	if len(failed) > 0 {
+		t.Fatalf("webhooks answered non-2xx: %q", failed)
+	}
 }
 
 func (h *hookRecorder) forwardTo(base string) {
@@ -605,6 +613,9 @@ func TestOneStartReachesEveryOf3000MacsThroughNanoMDM(t *testing.T) {
 	started := time.Since(begin)
 	f.Wake()
 	testkit.WaitUntil(t, 5*time.Minute, fmt.Sprintf("%d Macs' inventory", n), func() (bool, any) {
+		if _, failed := s.hook.answers(); len(failed) > 0 {
+			return true, nil // noFailedWebhook says which
+		}
 		p := f.Progress()
 		if p.Acknowledged < int64(2*n) {
 			return false, p
@@ -614,6 +625,9 @@ func TestOneStartReachesEveryOf3000MacsThroughNanoMDM(t *testing.T) {
 		return inv == n && rows == testkit.StepRows{}, fmt.Sprintf("%v; %d inventories; step rows %+v", p, inv, rows)
 	})
 	done := time.Since(begin)
+	if s.noFailedWebhook(t); t.Failed() {
+		t.FailNow()
+	}
 
 	var got map[string]map[string]any
 	body := s.mustCall(t, "GET", "/v1/inventory?"+url.Values{"id": ids}.Encode(), nil)
@@ -632,7 +646,6 @@ func TestOneStartReachesEveryOf3000MacsThroughNanoMDM(t *testing.T) {
 	if missing > 0 {
 		t.Errorf("%d of %d Macs lack their values in the inventory route", missing, n)
 	}
-	s.noFailedWebhook(t)
 	counts, _ := s.hook.answers()
 	t.Logf("%d Macs: enrolled in %v; the start answered in %v; every inventory in %v after it; webhook answers by status %v",
 		n, enrolled.Round(time.Millisecond), started.Round(time.Millisecond), done.Round(time.Millisecond), counts)
