@@ -588,8 +588,19 @@ func everyWorkflowThroughNanoMDM(t *testing.T, s *realStack) {
 		}
 	})
 
+	s.noCommandsLeft(t)
 	s.noStepRowsLeft(t)
 	s.noFailedWebhook(t)
+}
+
+// noCommandsLeft waits until no step waits for a command, naming those
+// that do.
+func (s *realStack) noCommandsLeft(t *testing.T) {
+	t.Helper()
+	testkit.WaitUntil(t, 15*time.Second, "no command waited for", func() (bool, any) {
+		left := testkit.Column[string](t, s.db.DB, `SELECT CONCAT(enrollment_id, ' ', request_type, ' completed=', completed, ' step=', step_id) FROM id_commands`)
+		return len(left) == 0, left
+	})
 }
 
 // One start of the inventory workflow for 3,000 Macs enrolled in NanoMDM
