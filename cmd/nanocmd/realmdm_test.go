@@ -44,11 +44,7 @@ func startRealStack(t *testing.T, n int) *realStack {
 	db := testkit.NewDB(t, &testkit.DBOptions{Empty: true})
 	hook := newHookRecorder(t)
 	opts := nanomdm.Options{WebhookURL: hook.URL + "/webhook", HMACKey: hmacKey}
-	var version string
-	if err := db.QueryRow("SELECT VERSION()").Scan(&version); err != nil {
-		t.Fatal(err)
-	}
-	if !strings.Contains(version, "MariaDB") {
+	if !isMariaDB(t, db) {
 		opts.Storage, opts.DSN = "mysql", nanomdm.NewMySQLDB(t).DSN
 	}
 	srv := nanomdm.Start(t, opts)
