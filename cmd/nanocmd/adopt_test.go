@@ -50,7 +50,7 @@ func nanoCMDSchema(t *testing.T, db *testkit.DB) {
 func startNanoCMDv071(t *testing.T, db *testkit.DB, mdm *fakeNanoMDM) *cluster {
 	t.Helper()
 	addr := testkit.FreeAddr(t)
-	c := &cluster{t: t, db: db, mdm: mdm, bin: buildNanoCMD(t), base: "http://" + addr, procs: []*testkit.Proc{nil}}
+	c := &cluster{t: t, db: db, mdm: mdm, bin: buildNanoCMD(t), base: "http://" + addr, addrs: []string{addr}, procs: []*testkit.Proc{nil}}
 	c.args = [][]string{{"-listen", addr, "-api", apiKey, "-enqueue-url", mdm.URL + "/v1/enqueue/", "-push-url", mdm.URL + "/v1/push/",
 		"-enqueue-api", enqueueKey, "-storage", "mysql", "-storage-dsn", db.DSN}}
 	c.startReplica(t, 0)

@@ -29,6 +29,7 @@ type cluster struct {
 	mdm   *fakeNanoMDM
 	bin   string
 	args  [][]string
+	addrs []string // replica i's -listen
 	procs []*testkit.Proc
 	base  string
 }
@@ -42,13 +43,25 @@ func startCluster(t *testing.T, db *testkit.DB, n int, extra ...string) *cluster
 // startClusterOn is startCluster with the commands enqueued to mdm.
 func startClusterOn(t *testing.T, db *testkit.DB, mdm *fakeNanoMDM, n int, extra ...string) *cluster {
 	t.Helper()
-	c := &cluster{t: t, db: db, mdm: mdm, bin: bins["nanocmd"]}
+	c := startReplicas(t, db, mdm.URL, enqueueKey, n, extra...)
+	c.mdm = mdm
+	return c
+}
+
+// startReplicas runs n replicas with -storage mysql on db, enqueuing to the
+// NanoMDM API at mdmURL with mdmKey, with the README's command line and
+// extra flags.
+func startReplicas(t *testing.T, db *testkit.DB, mdmURL, mdmKey string, n int, extra ...string) *cluster {
+	t.Helper()
+	c := &cluster{t: t, db: db, bin: bins["nanocmd"]}
 	var targets []*url.URL
 	for range n {
 		addr := testkit.FreeAddr(t)
-		args := append([]string{"-listen", addr, "-api", apiKey, "-enqueue-url", c.mdm.URL + "/v1/enqueue/", "-push-url", c.mdm.URL + "/v1/push/",
-			"-enqueue-api", enqueueKey, "-webhook-hmac-key", hmacKey, "-storage", "mysql", "-storage-dsn", db.DSN}, extra...)
+		args := append([]string{"-storage", "mysql", "-storage-dsn", db.DSN, "-api", apiKey,
+			"-enqueue-url", mdmURL + "/v1/enqueue/", "-push-url", mdmURL + "/v1/push/",
+			"-enqueue-api", mdmKey, "-webhook-hmac-key", hmacKey, "-listen", addr}, extra...)
 		c.args = append(c.args, args)
+		c.addrs = append(c.addrs, addr)
 		// all started at once, as replicas of one deployment are: on an
 		// empty database they race to create its tables and its keypair
 		c.procs = append(c.procs, testkit.StartProc(t, c.bin, nanocmdEnv, args...))
@@ -74,7 +87,7 @@ func (c *cluster) startReplica(t *testing.T, i int) {
 	t.Helper()
 	// killed when the cluster's test ends, not a subtest that restarted it
 	c.procs[i] = testkit.StartProc(c.t, c.bin, nanocmdEnv, c.args[i]...)
-	testkit.AwaitHTTP(t, c.procs[i], "http://"+c.args[i][1]+"/version", 60*time.Second)
+	testkit.AwaitHTTP(t, c.procs[i], "http://"+c.addrs[i]+"/version", 60*time.Second)
 }
 
 // restart stops replica i (SIGTERM, as an operator's restart does) and
@@ -126,10 +139,17 @@ func (c *cluster) mustCall(t *testing.T, method, path string, body []byte) []byt
 // start starts workflow name for the Macs with context wfCtx.
 func (c *cluster) start(t *testing.T, name, wfCtx string, macs ...*mac) {
 	t.Helper()
-	q := url.Values{}
-	for _, m := range macs {
-		q.Add("id", m.id)
+	ids := make([]string, len(macs))
+	for i, m := range macs {
+		ids[i] = m.id
 	}
+	c.startFor(t, name, wfCtx, ids...)
+}
+
+// startFor starts workflow name for ids with context wfCtx.
+func (c *cluster) startFor(t *testing.T, name, wfCtx string, ids ...string) {
+	t.Helper()
+	q := url.Values{"id": ids}
 	if wfCtx != "" {
 		q.Set("context", wfCtx)
 	}

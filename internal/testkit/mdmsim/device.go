@@ -76,8 +76,8 @@ func SimulatedError(requestType string) map[string]any {
 		"LocalizedDescription": msg, "USEnglishDescription": msg}
 }
 
-// Exchange is one thing a device sent: a check-in (MessageType set) or its
-// answer to a command.
+// Exchange is one thing a device sent and the server took: a check-in
+// (MessageType set) or its answer to a command.
 type Exchange struct {
 	MessageType string // Authenticate or TokenUpdate; empty for a command
 	CommandUUID string
@@ -207,10 +207,14 @@ func (d *Device) Poll(ctx context.Context) (int, error) {
 			return n, fmt.Errorf("%s: a command without CommandUUID or RequestType:\n%s", d.UDID, next)
 		}
 		status, answer := d.answer(&c)
+		if next, err = d.put(ctx, ReportContentType, answer); err != nil {
+			break
+		}
+		// recorded once the server took it: a test that sees it answered
+		// and stops the device has not cut off its report
 		d.record(Exchange{CommandUUID: c.CommandUUID, RequestType: c.Command.RequestType, Status: status})
 		n++
 		d.counters.answered(status)
-		next, err = d.put(ctx, ReportContentType, answer)
 	}
 	if err != nil {
 		return n, fmt.Errorf("%s: %w", d.UDID, err)

@@ -70,6 +70,31 @@ type state struct {
 	}
 }
 
+// Installed is what commands left on a device, for a test to check a
+// workflow by its effect.
+type Installed struct {
+	Profiles              []string // identifiers, in the order installed
+	Apps                  []string // InstallApplication's, named by their manifest
+	LockPIN               string   // DeviceLock's
+	RecoveryKey           string   // FileVault's personal recovery key; "" while it is off
+	AwaitingConfiguration bool
+}
+
+// Installed is what commands left on the device so far.
+func (d *Device) Installed() Installed {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	in := Installed{Apps: slices.Clone(d.state.apps), LockPIN: d.state.lockPIN,
+		AwaitingConfiguration: d.state.awaitingConfiguration}
+	for _, p := range d.state.profiles {
+		in.Profiles = append(in.Profiles, p.Identifier)
+	}
+	if d.state.fileVault.enabled {
+		in.RecoveryKey = d.state.fileVault.prk
+	}
+	return in
+}
+
 type profile struct {
 	Identifier, UUID, DisplayName string
 	payloads                      []payload

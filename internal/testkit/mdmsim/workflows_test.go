@@ -209,6 +209,10 @@ func TestNanoCMDsWorkflowsCompleteOnADevicesAnswers(t *testing.T) {
 			if sent := r.run(w, &c, nil); !slices.Equal(sent, tc.want) {
 				t.Errorf("profile %s sent %v, want %v", tc.manage, sent, tc.want)
 			}
+			installed := r.dev.Installed().Profiles
+			if want := !strings.HasPrefix(tc.manage, "-"); slices.Contains(installed, "com.example.wifi") != want {
+				t.Errorf("after profile %s the device has %v", tc.manage, installed)
+			}
 			r.allAcknowledged()
 		}
 	})
@@ -261,8 +265,12 @@ func TestNanoCMDsWorkflowsCompleteOnADevicesAnswers(t *testing.T) {
 		if sent := r.run(w, nil, nil); !slices.Equal(sent, []string{"DeviceLock"}) {
 			t.Errorf("lock sent %v", sent)
 		}
-		if vals := inventoryOf(t, inv, r.dev.UDID); vals[lock.WorkflowName+".received"] == nil {
+		vals := inventoryOf(t, inv, r.dev.UDID)
+		if vals[lock.WorkflowName+".received"] == nil {
 			t.Errorf("lock stored %v, want the lock received", vals)
+		}
+		if pin := r.dev.Installed().LockPIN; pin == "" || vals[lock.WorkflowName+".pin"] != pin {
+			t.Errorf("the device was locked with %q, the workflow escrowed %v", pin, vals[lock.WorkflowName+".pin"])
 		}
 	})
 
@@ -287,8 +295,8 @@ func TestNanoCMDsWorkflowsCompleteOnADevicesAnswers(t *testing.T) {
 			t.Fatalf("fvenable sent %v, want the profile, then SecurityInfo until FileVault is on", sent)
 		}
 		prk := inventoryOf(t, inv, r.dev.UDID)[invstorage.KeyPRK]
-		if s, _ := prk.(string); len(s) != 29 {
-			t.Fatalf("fvenable escrowed the recovery key %v, want one of 6 groups of 4", prk)
+		if s, _ := prk.(string); len(s) != 29 || s != r.dev.Installed().RecoveryKey {
+			t.Fatalf("fvenable escrowed the recovery key %v, want the device's %q", prk, r.dev.Installed().RecoveryKey)
 		}
 		rot, _ := fvrotate.New(r, fv)
 		if sent := r.run(rot, nil, nil); !slices.Equal(sent, []string{"RotateFileVaultKey"}) {

@@ -5,5 +5,6 @@
 // that CA; Webhook records what it posts. What its enqueue API answers, as
 // the tests record it, is tabled in docs/design.md, "Fan-outs through
 // NanoMDM". Its MySQL storage is MySQL's only: NewMySQLDB loads its schema
-// into a fresh database, and skips on MariaDB.
+// into a fresh database, and skips on MariaDB. Its key-value queues lose a
+// command answered NotNow once the next is answered (a test records it).
 package nanomdm

@@ -3,6 +3,7 @@ package nanomdm_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -227,5 +228,58 @@ func TestNanoMDMRunsOnMySQL(t *testing.T) {
 	b.awaitAck(t, "MYSQL-1", "CMD-MYSQL", "Acknowledged")
 	if n := testkit.Count(t, db.DB, `SELECT COUNT(*) FROM command_results WHERE command_uuid = 'CMD-MYSQL'`); n != 1 {
 		t.Errorf("command_results holds %d rows of the command, want 1", n)
+	}
+}
+
+func securityInfo(uuid string) []byte {
+	return fmt.Appendf(nil, `<?xml version="1.0" encoding="UTF-8"?>
+<!DOCTYPE plist PUBLIC "-//Apple//DTD PLIST 1.0//EN" "http://www.apple.com/DTDs/PropertyList-1.0.dtd">
+<plist version="1.0"><dict><key>Command</key><dict><key>RequestType</key><string>SecurityInfo</string></dict>
+<key>CommandUUID</key><string>%s</string></dict></plist>`, uuid)
+}
+
+// On the key-value storages a command answered NotNow is lost once the
+// command queued after it is answered: NanoMDM's queue unlinks the last
+// command without clearing its predecessor's link to it, so that it hands
+// the answered command out again after the NotNow one, and unlinking it a
+// second time empties the queue. Here the device answers the first
+// command NotNow twice: it never gets it a third time, and answers the
+// second twice. On MySQL the first is handed out until answered.
+func TestANotNowCommandIsLostWhenTheNextIsAnswered(t *testing.T) {
+	t.Parallel()
+	for _, storage := range append(kvStorages, "mysql") {
+		t.Run(storage, func(t *testing.T) {
+			o := nanomdm.Options{Storage: storage}
+			if storage == "mysql" {
+				o.DSN = nanomdm.NewMySQLDB(t).DSN
+			}
+			b := setup(t, o)
+			d, err := mdmsim.NewDevice(b.srv.CA, mdmsim.Target{MDMURL: b.srv.MDMURL, CertHeader: b.srv.CertHeader}, "NOTNOW-1",
+				mdmsim.Behavior{NotNow: map[string]int{"DeviceInformation": 2}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := d.Enroll(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			b.enqueue(t, "CMD-FIRST", d.UDID)
+			if r, err := b.srv.Enqueue(context.Background(), securityInfo("CMD-SECOND"), d.UDID); err != nil || r.EnqueueError != nil {
+				t.Fatalf("enqueueing CMD-SECOND: %v %s", err, r.Body)
+			}
+			for range 3 {
+				if _, err := d.Poll(context.Background()); err != nil {
+					t.Fatal(err)
+				}
+			}
+			first, second := d.Answers("CMD-FIRST"), d.Answers("CMD-SECOND")
+			t.Logf("%s: the first command answered %v, the second %v", storage, first, second)
+			want := [2][]string{{"NotNow", "NotNow"}, {"Acknowledged", "Acknowledged"}}
+			if storage == "mysql" {
+				want = [2][]string{{"NotNow", "NotNow", "Acknowledged"}, {"Acknowledged"}}
+			}
+			if !slices.Equal(first, want[0]) || !slices.Equal(second, want[1]) {
+				t.Errorf("the first command answered %v, the second %v; want %v and %v", first, second, want[0], want[1])
+			}
+		})
 	}
 }
