@@ -638,10 +638,10 @@ func TestADownReceiverIsProbedNotSentEveryPendingEvent(t *testing.T) {
 	if got := probing(t, d.reg); got != 1 {
 		t.Errorf("stepcollect_delivery_probing %v while the worker probes, want 1", got)
 	}
-	testkit.WaitUntil(t, 15*time.Second, "the POSTs in flight when it began ended (counted POSTs, received POSTs)", func() (bool, any) {
-		counted, posted := deliveries(t, d.reg, ""), b.rcv.Stats().Posts
-		return int(counted) == posted && b.rcv.Answering() == 0, [2]int{int(counted), posted}
-	})
+	// the POSTs the dispatcher had taken before it began to probe end: some
+	// are not yet sent when it logs, and nothing signals the last of them
+	// (counted == received was seen true with 50 still to come, on MySQL)
+	time.Sleep(time.Second)
 	before := b.rcv.Stats().Refused
 	linesBefore := strings.Count(b.logs.String(), "will retry")
 	// a dozen probes, 3 s of them at 4 a second; a worker without the
