@@ -363,8 +363,8 @@ func nanoHubDone(run *nanoHubRun, n int) {
 	if run.DoneMS > 0 {
 		done = "every enrollment completed in " + dur(run.DoneMS)
 	}
-	fmt.Fprintf(os.Stderr, " %s; %d answered, %d lost, %d × 1205 in the log, %s ms server CPU a result\n",
-		done, run.Answered, run.lost(), run.LockWaits, run.perResult("nanohub"))
+	fmt.Fprintf(os.Stderr, " %s; %d answered, %d lost, %d × 1205 and %d × 1213 in the log, %s ms server CPU a result\n",
+		done, run.Answered, run.lost(), run.LockWaits, run.Deadlocks, run.perResult("nanohub"))
 }
 
 // markdown is the section's table and what each start answered.
@@ -392,23 +392,20 @@ func (s *nanoHubResult) markdown() string {
 		"completion (at most %s), and shows when it last moved. **CPU per result** is the process's user + system time "+
 		"from the start to that moment over the answers.\n\n",
 		s.N, s.MySQL, s.N, nanoHubWorkflow, nanoHubStall, nanoHubLimit)
-	b.WriteString("| server | MySQL session | enrolled | answered | completed | lost | time to all done | server CPU per result (ms) | mysqld CPU per result (ms) | error 1205 in its log |\n")
+	b.WriteString("| server | MySQL session | enrolled | answered | completed | lost | time to all done | server CPU per result (ms) | mysqld CPU per result (ms) | errors 1205 / 1213 in its log |\n")
 	b.WriteString("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|\n")
 	for _, run := range s.Runs {
 		done := dur(run.DoneMS)
 		if run.DoneMS == 0 {
 			done = fmt.Sprintf("not done (stopped at %s)", dur(run.ProgressMS))
 		}
-		fmt.Fprintf(&b, "| %s | %s | %d | %d | %d | **%d** | %s | %s | %s | %d |\n", run.Server, run.Setting, run.Enrolled,
-			run.Answered, run.Completed, run.lost(), done, run.perResult("nanohub"), run.perResult("mysqld"), run.LockWaits)
+		fmt.Fprintf(&b, "| %s | %s | %d | %d | %d | **%d** | %s | %s | %s | %d / %d |\n", run.Server, run.Setting, run.Enrolled,
+			run.Answered, run.Completed, run.lost(), done, run.perResult("nanohub"), run.perResult("mysqld"), run.LockWaits, run.Deadlocks)
 	}
 	b.WriteString("\n")
 	for _, run := range s.Runs {
 		fmt.Fprintf(&b, "- %s, %s: the start answered %s; %d enrollments in the step after it; the server's connections: %s; devices: %s",
 			run.Server, run.Setting, run.Start, run.StepIDs, run.Sessions, run.Fleet)
-		if run.Deadlocks > 0 {
-			fmt.Fprintf(&b, "; %d × error 1213 in its log", run.Deadlocks)
-		}
 		if len(run.FleetErrs) > 0 {
 			fmt.Fprintf(&b, "; device errors: %s", strings.Join(run.FleetErrs, "; "))
 		}

@@ -16,8 +16,8 @@ func TestTheNanoHUBTableShowsResultsLostAndWhereARunStopped(t *testing.T) {
 	}}
 	md := res.markdown()
 	for _, want := range []string{
-		"| NanoHUB v0.2.0 | READ COMMITTED, lock wait 2 s | 500 | 500 | 409 | **91** | not done (stopped at 4200 ms) | 2.00 | 4.00 | 91 |",
-		"| stepcollect `nanohub` | READ COMMITTED, lock wait 2 s | 500 | 500 | 500 | **0** | 1500 ms | 1.00 | – | 0 |",
+		"| NanoHUB v0.2.0 | READ COMMITTED, lock wait 2 s | 500 | 500 | 409 | **91** | not done (stopped at 4200 ms) | 2.00 | 4.00 | 91 / 0 |",
+		"| stepcollect `nanohub` | READ COMMITTED, lock wait 2 s | 500 | 500 | 500 | **0** | 1500 ms | 1.00 | – | 0 / 0 |",
 		"-only nanohub -nanohub-n 500",
 	} {
 		if !strings.Contains(md, want) {
