@@ -90,8 +90,10 @@ services:
 # BENCH_MYSQL_DSN (scripts/mysql.sh's; BENCH_MYSQL_DSN= skips them); each
 # server also with the binary log written (sync_binlog=1); and NanoCMD's
 # inventory workflow through NanoMDM's own server (bin/bench/nanomdm) to 500
-# simulated Macs (-realstack-n; -only realstack runs it alone). Writes
-# docs/bench/results.md and charts.
+# simulated Macs (-realstack-n; -only realstack runs it alone); and, with
+# BENCH_MYSQL_DSN, NanoHUB v0.2.0's own binary beside stepcollect's
+# nanohub, 500 simulated Macs answering one step (-nanohub-n; -only
+# nanohub). Writes docs/bench/results.md and charts.
 # BENCH_N=25,300 BENCH_FLAGS=-skip-large-table for a quick look.
 BENCH_N ?= 25,100,300,3000,10000
 BENCH_MYSQL_DSN ?= root@tcp(127.0.0.1:3307)/
@@ -109,10 +111,16 @@ bench: bench-build
 		$(if $(BENCH_MYSQL_DSN),-mysql-dsn '$(BENCH_MYSQL_DSN)') $(if $(BENCH_GALERA),-galera) \
 		$(if $(BENCH_GROUP),-group-replication) $(BENCH_FLAGS)
 
+# NanoHUB v0.2.0 is installed from its own go.mod (NanoCMD v0.7.0), outside
+# this module: built inside it, it would get NanoCMD v0.7.1 and behave
+# differently.
 bench-build:
 	mkdir -p bin/bench
 	$(GO) build -ldflags "$(VERSION_LDFLAGS)" -o bin/bench/ ./cmd/api ./cmd/worker
 	$(GO) build -ldflags "$(VERSION_LDFLAGS)" -o bin/bench/stepcollect-nanocmd ./cmd/nanocmd
+	$(GO) build -ldflags "$(VERSION_LDFLAGS)" -o bin/bench/stepcollect-nanohub ./cmd/nanohub
+	cd /tmp && GOFLAGS= GOBIN=$(CURDIR)/bin/bench $(GO) install github.com/micromdm/nanohub/cmd/nanohub@v0.2.0
+	cp nanohubapp/kmfddm_schema.sql bin/bench/kmfddm-schema.sql
 	cd bench && $(GO) build -o ../bin/bench/fanout-stepcollect ./cmd/fanout-stepcollect
 	cd bench && $(GO) build -o ../bin/bench/fanout-nanocmd-v0.7.1 ./cmd/fanout-nanocmd
 	cd bench && $(GO) build -modfile=go.v070.mod -o ../bin/bench/fanout-nanocmd-v0.7.0 ./cmd/fanout-nanocmd

@@ -15,7 +15,9 @@
 // (-workers, drain.go). And end to end against NanoCMD v0.7.1's own
 // server, each given the same step and the same results through NanoMDM's
 // webhook sender (-e2e-n, e2e.go); and the inventory workflow through
-// NanoMDM's own server to simulated Macs (-realstack-n, realstack.go).
+// NanoMDM's own server to simulated Macs (-realstack-n, realstack.go); and
+// NanoHUB v0.2.0 beside stepcollect's nanohub, on MySQL (-nanohub-n,
+// nanohub.go).
 package main
 
 import (
@@ -355,6 +357,7 @@ type sideRuns struct {
 	e2e    *e2eResult
 	dropin *dropInResult
 	real   *realStackResult
+	hub    *nanoHubResult
 	large  *largeTable
 	prof   *profiled
 }
@@ -393,6 +396,12 @@ func (r *runner) runSideRuns(o *options) sideRuns {
 			die("real stack: %v", err)
 		}
 		r.recordJSON(s.real)
+	}
+	if o.runNanoHub() {
+		if s.hub, err = r.nanoHub(o.nanoHubN); err != nil {
+			die("nanohub: %v", err)
+		}
+		r.recordJSON(s.hub)
 	}
 	if !o.skipBig {
 		s.large = r.largeTable(o.want)

@@ -24,6 +24,7 @@ type options struct {
 	e2eN, e2eInflight            int
 	realStackN                   int    // -realstack-n: devices of the real-stack rows (0 skips them)
 	realStackBefore              string // -realstack-before: an older stepcollect nanocmd to run them with too
+	nanoHubN                     int    // -nanohub-n: devices of the NanoHUB rows (0 skips them)
 	mysqlDSN                     string // -mysql-dsn: the fan-out rows on MySQL too
 	galera                       bool   // -galera: stepcollect's fan-out rows on a three-node Galera cluster too
 	group                        bool   // -group-replication: and on a three-member MySQL Group Replication group
@@ -67,6 +68,10 @@ func (o *options) runE2E() bool { return o.e2eN > 0 && o.want("e2e") }
 func (o *options) runDropIn() bool { return o.e2eN > 0 && o.want("dropin") }
 
 func (o *options) runRealStack() bool { return o.realStackN > 0 && o.want("realstack") }
+
+// runNanoHub: both NanoHUB binaries need MySQL (NanoMDM's storage does not
+// run on MariaDB).
+func (o *options) runNanoHub() bool { return o.nanoHubN > 0 && o.want("nanohub") && o.mysqlDSN != "" }
 
 // measurements counts what the run will measure, for the progress lines'
 // [k/total].
@@ -113,6 +118,9 @@ func (o *options) measurements() int {
 	if o.runRealStack() {
 		total += ifn(o.realStackBefore != "", 3, 2)
 	}
+	if o.runNanoHub() {
+		total += len(nanoHubServers) * len(nanoHubSettings)
+	}
 	return total
 }
 
@@ -132,7 +140,7 @@ func parseFlags() *options {
 	flag.BoolVar(&o.skipBig, "skip-large-table", false, "skip the 1M-row CancelSteps and sweeper measurements")
 	flag.BoolVar(&o.noProf, "skip-profile", false, "skip the profiled service run")
 	flag.StringVar(&o.settings, "settings", "", "comma-separated server settings the fan-out rows run in (default all): defaults, stricter, binlog, and the MySQL, Galera and Group Replication ones where those run; to pair one row of one setting quickly")
-	flag.StringVar(&o.only, "only", "", "comma-separated row labels to run (default all); \"sustained\", \"workers\", \"e2e\", \"dropin\" and \"realstack\" name those runs alone")
+	flag.StringVar(&o.only, "only", "", "comma-separated row labels to run (default all); \"sustained\", \"workers\", \"e2e\", \"dropin\", \"realstack\" and \"nanohub\" name those runs alone")
 	flag.IntVar(&o.nanoMax, "nanocmd-max-n", 10000, "largest N NanoCMD's storage rows run at (above it they take minutes: N=100000 is about 7 minutes for v0.7.1)")
 	flag.DurationVar(&o.susFor, "sustained", 60*time.Second, "length of the sustained run at the api's full rate (0 skips it)")
 	flag.IntVar(&o.workersN, "workers-n", 10000, "results committed with the workers stopped, for the worker-throughput table")
@@ -145,6 +153,7 @@ func parseFlags() *options {
 	flag.IntVar(&o.e2eN, "e2e-n", 3000, "enrollments of the end-to-end runs against NanoCMD v0.7.1's own server (0 skips them; -only e2e or -only dropin runs one alone)")
 	flag.IntVar(&o.realStackN, "realstack-n", 500, "devices of the real-stack rows: NanoMDM v0.9.0's own server, that many simulated Macs, one inventory workflow start through stepcollect's nanocmd and NanoCMD v0.7.1's (0 skips them; -only realstack runs them alone)")
 	flag.StringVar(&o.realStackBefore, "realstack-before", "", "a stepcollect nanocmd binary built from an older commit, to run the real-stack row with too (as \"before\")")
+	flag.IntVar(&o.nanoHubN, "nanohub-n", 500, "devices of the NanoHUB rows (with -mysql-dsn): NanoHUB v0.2.0's own binary and stepcollect's nanohub, each at MySQL's defaults and at READ COMMITTED with a 2 s lock wait, one workflow start for that many simulated Macs (0 skips them; -only nanohub runs them alone)")
 	flag.IntVar(&o.e2eInflight, "e2e-inflight", 64, "enrollments answering at once in the end-to-end run (each answers its commands one after another)")
 	flag.StringVar(&o.mysqlDSN, "mysql-dsn", "", "also run the fan-out rows (floor, NanoCMD, storage, service) on this MySQL server (root DSN, no database), as settings \"MySQL defaults\", \"MySQL stricter\" and \"MySQL binlog\"")
 	flag.BoolVar(&o.group, "group-replication", false, "also run the floor and stepcollect's fan-out rows on a private three-member MySQL Group Replication group (scripts/mysql.sh's chroot), as setting \"Group Replication defaults\": what the consensus costs per result")
@@ -164,6 +173,12 @@ func parseFlags() *options {
 	}
 	if o.realStackN < 0 {
 		die("-realstack-n %d: want a count (0 skips)", o.realStackN)
+	}
+	if o.nanoHubN < 0 {
+		die("-nanohub-n %d: want a count (0 skips)", o.nanoHubN)
+	}
+	if o.only != "" && o.want("nanohub") && o.nanoHubN > 0 && o.mysqlDSN == "" {
+		die("-only nanohub: the NanoHUB rows need -mysql-dsn (NanoMDM's MySQL storage does not run on MariaDB)")
 	}
 	if o.e2eN < 0 || o.e2eInflight < 1 {
 		die("-e2e-n %d, -e2e-inflight %d: want a count (0 skips) and a positive count", o.e2eN, o.e2eInflight)

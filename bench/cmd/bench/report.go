@@ -287,6 +287,9 @@ func report(results []*fanout.Result, side sideRuns, version string, mysqlSrv, g
 	if side.real != nil {
 		b.WriteString(side.real.markdown())
 	}
+	if side.hub != nil {
+		b.WriteString(side.hub.markdown())
+	}
 
 	if slices.ContainsFunc(results, func(r *fanout.Result) bool { return r.Mode == fanout.ModeUncontended }) {
 		b.WriteString(uncontendedMarkdown(results))
